@@ -1,0 +1,3 @@
+"""fabric: a hub/spoke data fabric for AI training."""
+
+__version__ = "0.1.0"

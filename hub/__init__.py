@@ -1,0 +1,1 @@
+"""fabric hub package."""
