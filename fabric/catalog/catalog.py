@@ -1,0 +1,340 @@
+"""Catalog operations. All mutable state of a hub goes through this module.
+
+Refs change only by compare-and-swap. Staging rows carry the branch's
+``staging_seq`` at the time they were written, so a commit folds exactly the
+rows it read and leaves later writes staged (see :meth:`Catalog.fold_staging`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from ..errors import Conflict, NotFound
+from .db import Database, batched, placeholders
+from .schema import SCHEMA, SCHEMA_VERSION
+
+BRANCH = "branch"
+TAG = "tag"
+
+
+@dataclass(frozen=True)
+class RefRow:
+    repo: str
+    kind: str
+    name: str
+    commit_id: str
+    staging_seq: int
+    updated: float
+
+
+@dataclass(frozen=True)
+class ChunkLocation:
+    pack: str
+    offset: int
+    length: int
+    raw_len: int
+
+
+class Catalog:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        db.ddl(SCHEMA)
+        with db.tx() as cur:
+            cur.execute(
+                "INSERT INTO settings (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO NOTHING",
+                (str(SCHEMA_VERSION),),
+            )
+
+    # -- settings ------------------------------------------------------------
+    def setting(self, key: str) -> str | None:
+        rows = self.db.query("SELECT value FROM settings WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        with self.db.tx() as cur:
+            cur.execute(
+                "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    # -- repositories --------------------------------------------------------
+    def create_repo(self, name: str, default_branch: str, initial_commit: str) -> None:
+        now = time.time()
+        with self.db.tx() as cur:
+            cur.execute("SELECT 1 FROM repos WHERE name = ?", (name,))
+            if cur.fetchone():
+                raise Conflict(f"repository {name!r} already exists")
+            cur.execute("INSERT INTO repos (name, default_branch, created) VALUES (?, ?, ?)", (name, default_branch, now))
+            cur.execute(
+                "INSERT INTO refs (repo, kind, name, commit_id, staging_seq, updated) VALUES (?, ?, ?, ?, 0, ?)",
+                (name, BRANCH, default_branch, initial_commit, now),
+            )
+            cur.execute("INSERT INTO commits (repo, id) VALUES (?, ?)", (name, initial_commit))
+            self._event(cur, name, BRANCH, default_branch, None, initial_commit)
+
+    def get_repo(self, name: str) -> tuple[str, str, float]:
+        rows = self.db.query("SELECT name, default_branch, created FROM repos WHERE name = ?", (name,))
+        if not rows:
+            raise NotFound(f"repository {name!r} does not exist (see `fabric repo list`)")
+        return rows[0]
+
+    def list_repos(self) -> list[tuple[str, str, float]]:
+        return self.db.query("SELECT name, default_branch, created FROM repos ORDER BY name")
+
+    def delete_repo(self, name: str) -> None:
+        with self.db.tx() as cur:
+            cur.execute("DELETE FROM repos WHERE name = ?", (name,))
+            if cur.rowcount == 0:
+                raise NotFound(f"repository {name!r} does not exist")
+            for table in ("refs", "staging", "commits"):
+                cur.execute(f"DELETE FROM {table} WHERE repo = ?", (name,))
+            self._event(cur, name, "repo", name, None, None)
+
+    # -- refs ----------------------------------------------------------------
+    def get_ref(self, repo: str, kind: str, name: str) -> RefRow | None:
+        rows = self.db.query(
+            "SELECT repo, kind, name, commit_id, staging_seq, updated FROM refs WHERE repo = ? AND kind = ? AND name = ?",
+            (repo, kind, name),
+        )
+        return RefRow(*rows[0]) if rows else None
+
+    def list_refs(self, repo: str, kind: str) -> list[RefRow]:
+        rows = self.db.query(
+            "SELECT repo, kind, name, commit_id, staging_seq, updated FROM refs WHERE repo = ? AND kind = ? ORDER BY name",
+            (repo, kind),
+        )
+        return [RefRow(*r) for r in rows]
+
+    def all_ref_commits(self) -> list[tuple[str, str]]:
+        return self.db.query("SELECT repo, commit_id FROM refs")
+
+    def create_ref(self, repo: str, kind: str, name: str, commit_id: str) -> None:
+        with self.db.tx() as cur:
+            cur.execute("SELECT 1 FROM refs WHERE repo = ? AND kind = ? AND name = ?", (repo, kind, name))
+            if cur.fetchone():
+                raise Conflict(f"{kind} {name!r} already exists in repository {repo!r}")
+            cur.execute(
+                "INSERT INTO refs (repo, kind, name, commit_id, staging_seq, updated) VALUES (?, ?, ?, ?, 0, ?)",
+                (repo, kind, name, commit_id, time.time()),
+            )
+            self._event(cur, repo, kind, name, None, commit_id)
+
+    def delete_ref(self, repo: str, kind: str, name: str) -> None:
+        with self.db.tx() as cur:
+            cur.execute("SELECT commit_id FROM refs WHERE repo = ? AND kind = ? AND name = ?", (repo, kind, name))
+            row = cur.fetchone()
+            if not row:
+                raise NotFound(f"{kind} {name!r} does not exist in repository {repo!r}")
+            cur.execute("DELETE FROM refs WHERE repo = ? AND kind = ? AND name = ?", (repo, kind, name))
+            if kind == BRANCH:
+                cur.execute("DELETE FROM staging WHERE repo = ? AND branch = ?", (repo, name))
+            self._event(cur, repo, kind, name, row[0], None)
+
+    def move_branch(
+        self,
+        repo: str,
+        branch: str,
+        expected: str,
+        new: str,
+        fold_seq: int | None = None,
+        clear_staging: bool = False,
+    ) -> None:
+        """Compare-and-swap a branch head from ``expected`` to ``new``.
+
+        ``fold_seq``: staging rows written at or before this sequence were folded
+        into ``new`` and are removed in the same transaction. ``clear_staging``
+        drops all of the branch's staging (a hard reset).
+        """
+        with self.db.tx() as cur:
+            cur.execute(
+                "UPDATE refs SET commit_id = ?, updated = ? WHERE repo = ? AND kind = ? AND name = ? AND commit_id = ?",
+                (new, time.time(), repo, BRANCH, branch, expected),
+            )
+            if cur.rowcount != 1:
+                cur.execute("SELECT commit_id FROM refs WHERE repo = ? AND kind = ? AND name = ?", (repo, BRANCH, branch))
+                row = cur.fetchone()
+                if row is None:
+                    raise NotFound(f"branch {branch!r} does not exist in repository {repo!r}")
+                raise Conflict(
+                    f"branch {branch!r} moved: its head is {row[0][:12]}, not {expected[:12]}; "
+                    "fetch the new head and retry",
+                    head=row[0],
+                )
+            cur.execute("INSERT INTO commits (repo, id) VALUES (?, ?) ON CONFLICT DO NOTHING", (repo, new))
+            if clear_staging:
+                cur.execute("DELETE FROM staging WHERE repo = ? AND branch = ?", (repo, branch))
+            elif fold_seq is not None:
+                cur.execute("DELETE FROM staging WHERE repo = ? AND branch = ? AND seq <= ?", (repo, branch, fold_seq))
+            self._event(cur, repo, BRANCH, branch, expected, new)
+
+    def record_commit(self, repo: str, commit_id: str) -> None:
+        with self.db.tx() as cur:
+            cur.execute("INSERT INTO commits (repo, id) VALUES (?, ?) ON CONFLICT DO NOTHING", (repo, commit_id))
+
+    def commits_with_prefix(self, repo: str, prefix: str) -> list[str]:
+        rows = self.db.query(
+            "SELECT id FROM commits WHERE repo = ? AND id >= ? AND id < ? LIMIT 2", (repo, prefix, prefix + "g")
+        )
+        return [r[0] for r in rows]
+
+    # -- staging -------------------------------------------------------------
+    def stage(self, repo: str, branch: str, changes: Sequence[tuple[str, bytes | None]]) -> int:
+        """Write entries (``None`` = tombstone) to a branch's staging area; returns their seq."""
+        with self.db.tx() as cur:
+            cur.execute(
+                "UPDATE refs SET staging_seq = staging_seq + 1 WHERE repo = ? AND kind = ? AND name = ? RETURNING staging_seq",
+                (repo, BRANCH, branch),
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise NotFound(f"branch {branch!r} does not exist in repository {repo!r}")
+            seq = row[0]
+            cur.executemany(
+                "INSERT INTO staging (repo, branch, path, entry, seq) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (repo, branch, path) DO UPDATE SET entry = excluded.entry, seq = excluded.seq",
+                [(repo, branch, path, entry, seq) for path, entry in changes],
+            )
+        return seq
+
+    def staged(
+        self, repo: str, branch: str, start: str = "", end: str | None = None, max_seq: int | None = None
+    ) -> Iterator[tuple[str, bytes | None]]:
+        """Staged ``(path, entry bytes or None)`` in path order, ``start <= path < end``."""
+        sql = "SELECT path, entry FROM staging WHERE repo = ? AND branch = ? AND path >= ?"
+        params: list = [repo, branch, start]
+        if end is not None:
+            sql += " AND path < ?"
+            params.append(end)
+        if max_seq is not None:
+            sql += " AND seq <= ?"
+            params.append(max_seq)
+        for path, entry in self.db.query(sql + " ORDER BY path", params):
+            yield path, bytes(entry) if entry is not None else None
+
+    def staged_entry(self, repo: str, branch: str, path: str) -> tuple[bool, bytes | None]:
+        """``(found, entry)``: found with ``None`` means a staged delete."""
+        rows = self.db.query(
+            "SELECT entry FROM staging WHERE repo = ? AND branch = ? AND path = ?", (repo, branch, path)
+        )
+        if not rows:
+            return False, None
+        return True, bytes(rows[0][0]) if rows[0][0] is not None else None
+
+    def all_staged_entries(self) -> Iterator[bytes]:
+        for (entry,) in self.db.query("SELECT entry FROM staging WHERE entry IS NOT NULL"):
+            yield bytes(entry)
+
+    def discard_staging(self, repo: str, branch: str, paths: Iterable[str] | None = None) -> None:
+        with self.db.tx() as cur:
+            if paths is None:
+                cur.execute("DELETE FROM staging WHERE repo = ? AND branch = ?", (repo, branch))
+            else:
+                cur.executemany(
+                    "DELETE FROM staging WHERE repo = ? AND branch = ? AND path = ?",
+                    [(repo, branch, p) for p in paths],
+                )
+
+    # -- chunk index ---------------------------------------------------------
+    def locate(self, cid: bytes) -> ChunkLocation | None:
+        rows = self.db.query("SELECT pack, off, len, raw_len FROM chunks WHERE id = ?", (cid,))
+        return ChunkLocation(*rows[0]) if rows else None
+
+    def locate_many(self, ids: Sequence[bytes]) -> dict[bytes, ChunkLocation]:
+        found: dict[bytes, ChunkLocation] = {}
+        for batch in batched(list(ids)):
+            rows = self.db.query(
+                f"SELECT id, pack, off, len, raw_len FROM chunks WHERE id IN ({placeholders(len(batch))})", batch
+            )
+            for cid, *loc in rows:
+                found[bytes(cid)] = ChunkLocation(*loc)
+        return found
+
+    def present_and_touch(self, ids: Sequence[bytes], grace: float) -> set[bytes]:
+        """Ids among ``ids`` that are indexed; refresh their gc clock when it is getting old."""
+        present: set[bytes] = set()
+        now = time.time()
+        for batch in batched(list(ids)):
+            rows = self.db.query(
+                f"SELECT id, touched FROM chunks WHERE id IN ({placeholders(len(batch))})", batch
+            )
+            stale = []
+            for cid, touched in rows:
+                present.add(bytes(cid))
+                if touched < now - grace / 2:
+                    stale.append((now, cid))
+            if stale:
+                with self.db.tx() as cur:
+                    cur.executemany("UPDATE chunks SET touched = ? WHERE id = ?", stale)
+        return present
+
+    def index_pack(self, pack_id: str, size: int, chunks: Iterable[tuple[bytes, int, int, int]]) -> None:
+        """Record a stored pack and its chunks (after the pack object is durable)."""
+        now = time.time()
+        with self.db.tx() as cur:
+            cur.execute("INSERT INTO packs (id, size, created) VALUES (?, ?, ?)", (pack_id, size, now))
+            cur.executemany(
+                "INSERT INTO chunks (id, pack, off, len, raw_len, touched) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (id) DO NOTHING",
+                [(cid, pack_id, off, length, raw_len, now) for cid, off, length, raw_len in chunks],
+            )
+
+    def packs(self) -> list[tuple[str, int, float]]:
+        return self.db.query("SELECT id, size, created FROM packs ORDER BY id")
+
+    def chunks_of_pack(self, pack_id: str) -> list[tuple[bytes, int, int, int, float]]:
+        rows = self.db.query("SELECT id, off, len, raw_len, touched FROM chunks WHERE pack = ? ORDER BY off", (pack_id,))
+        return [(bytes(r[0]), r[1], r[2], r[3], r[4]) for r in rows]
+
+    def iter_chunk_ids(self) -> Iterator[tuple[bytes, str, int, float]]:
+        for cid, pack, length, touched in self.db.query("SELECT id, pack, len, touched FROM chunks"):
+            yield bytes(cid), pack, length, touched
+
+    def relocate_chunks(self, new_pack: str, size: int, rows: Sequence[tuple[bytes, int, int, int]]) -> None:
+        """Point chunks at a repacked copy (one transaction)."""
+        now = time.time()
+        with self.db.tx() as cur:
+            cur.execute("INSERT INTO packs (id, size, created) VALUES (?, ?, ?)", (new_pack, size, now))
+            cur.executemany(
+                "UPDATE chunks SET pack = ?, off = ?, len = ?, raw_len = ? WHERE id = ?",
+                [(new_pack, off, length, raw_len, cid) for cid, off, length, raw_len in rows],
+            )
+
+    def delete_chunks(self, ids: Sequence[bytes]) -> None:
+        with self.db.tx() as cur:
+            cur.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in ids])
+
+    def delete_pack_row(self, pack_id: str) -> None:
+        with self.db.tx() as cur:
+            cur.execute("SELECT COUNT(*) FROM chunks WHERE pack = ?", (pack_id,))
+            (live,) = cur.fetchone()
+            if live:
+                raise Conflict(f"pack {pack_id} still holds {live} indexed chunks")
+            cur.execute("DELETE FROM packs WHERE id = ?", (pack_id,))
+
+    def stats(self) -> dict[str, int]:
+        (chunks, raw, stored), = self.db.query("SELECT COUNT(*), COALESCE(SUM(raw_len),0), COALESCE(SUM(len),0) FROM chunks")
+        (packs, pack_bytes), = self.db.query("SELECT COUNT(*), COALESCE(SUM(size),0) FROM packs")
+        return {
+            "chunks": int(chunks),
+            "unique_bytes": int(raw),
+            "chunk_stored_bytes": int(stored),
+            "packs": int(packs),
+            "pack_bytes": int(pack_bytes),
+        }
+
+    # -- ref events (the watch stream) ---------------------------------------
+    def _event(self, cur, repo: str, kind: str, name: str, old: str | None, new: str | None) -> None:
+        cur.execute(
+            "INSERT INTO ref_events (repo, kind, name, old_commit, new_commit, time) VALUES (?, ?, ?, ?, ?, ?)",
+            (repo, kind, name, old, new, time.time()),
+        )
+
+    def events_after(self, seq: int, repo: str | None = None, limit: int = 1000) -> list[tuple]:
+        sql = "SELECT seq, repo, kind, name, old_commit, new_commit, time FROM ref_events WHERE seq > ?"
+        params: list = [seq]
+        if repo:
+            sql += " AND repo = ?"
+            params.append(repo)
+        return self.db.query(sql + " ORDER BY seq LIMIT ?", params + [limit])

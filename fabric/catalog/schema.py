@@ -1,0 +1,60 @@
+"""Catalog schema: the only mutable state of a hub (refs, staging, indexes)."""
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS settings (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS repos (
+    name TEXT PRIMARY KEY,
+    default_branch TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS refs (
+    repo TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name {text_c} NOT NULL,
+    commit_id TEXT NOT NULL,
+    staging_seq BIGINT NOT NULL DEFAULT 0,
+    updated REAL NOT NULL,
+    PRIMARY KEY (repo, kind, name)
+);
+CREATE TABLE IF NOT EXISTS commits (
+    repo TEXT NOT NULL,
+    id TEXT NOT NULL,
+    PRIMARY KEY (repo, id)
+);
+CREATE TABLE IF NOT EXISTS staging (
+    repo TEXT NOT NULL,
+    branch TEXT NOT NULL,
+    path {text_c} NOT NULL,
+    entry {blob},
+    seq BIGINT NOT NULL,
+    PRIMARY KEY (repo, branch, path)
+);
+CREATE TABLE IF NOT EXISTS packs (
+    id TEXT PRIMARY KEY,
+    size BIGINT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    id {blob} PRIMARY KEY,
+    pack TEXT NOT NULL,
+    off BIGINT NOT NULL,
+    len INTEGER NOT NULL,
+    raw_len INTEGER NOT NULL,
+    touched REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_pack ON chunks (pack);
+CREATE TABLE IF NOT EXISTS ref_events (
+    seq {serial},
+    repo TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    old_commit TEXT,
+    new_commit TEXT,
+    time REAL NOT NULL
+)
+"""

@@ -1,0 +1,665 @@
+"""The versioning engine: the hub's implementation of the data-plane operations.
+
+It knows nothing of HTTP, S3 or FUSE (those frontends translate their
+protocol into these calls). State lives in two places: immutable objects in
+an :class:`~fabric.objstore.ObjectStore` (packs of chunks, ranges,
+metaranges, chunk lists, commits) and mutable refs/staging in the SQL
+:class:`~fabric.catalog.Catalog`. Objects are always written before the refs
+that reach them.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import heapq
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from . import chunking
+from .catalog import Catalog, Database
+from .catalog.catalog import BRANCH, TAG
+from .chunkstore import ChunkStore, PackSession
+from .errors import BadRequest, Conflict, MergeConflict, NotFound, RangeNotSatisfiable
+from .metastore import CHUNKLIST, COMMIT, MetaStore
+from .model import DIR, FILE, INLINE_CHUNKS, SYMLINK, Commit, Entry
+from .objstore import ObjectStore, open_store
+from .paths import COMMIT_ID_RE, check_path, check_prefix, check_ref_name, check_repo_name
+from .refs import parse_ref
+from .tree import Trees
+
+DEFAULT_BRANCH = "main"
+#: Chunks and objects younger than this are never garbage collected, so a
+#: writer that found a chunk present has this long to commit a reference to it.
+DEFAULT_GC_GRACE = 6 * 3600.0
+
+
+@dataclass(frozen=True)
+class View:
+    """What a read at a ref sees: a commit, plus a branch's staging when the ref is a branch."""
+
+    repo: str
+    commit_id: str
+    tree: str
+    branch: str | None = None
+    staging_seq: int = 0
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str
+    kind: str  # added | removed | changed
+    left: Entry | None
+    right: Entry | None
+
+    def describe(self) -> dict:
+        d: dict = {"path": self.path, "type": self.kind}
+        if self.right is not None:
+            d["size"] = self.right.size
+        elif self.left is not None:
+            d["size"] = self.left.size
+        return d
+
+
+@dataclass
+class Listing:
+    entries: list[tuple[str, Entry]] = field(default_factory=list)
+    prefixes: list[str] = field(default_factory=list)
+    next_after: str | None = None  # pass back as ``after`` to continue
+
+
+def change_kind(left: Entry | None, right: Entry | None) -> str:
+    return "added" if left is None else "removed" if right is None else "changed"
+
+
+def default_author() -> str:
+    try:
+        return os.environ.get("FABRIC_AUTHOR") or getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+        return "fabric"
+
+
+class Engine:
+    def __init__(self, catalog: Catalog, store: ObjectStore, gc_grace: float = DEFAULT_GC_GRACE) -> None:
+        self.catalog = catalog
+        self.store = store
+        self.meta = MetaStore(store)
+        self.trees = Trees(self.meta)
+        self.chunks = ChunkStore(store, catalog, gc_grace)
+        self.gc_grace = gc_grace
+
+    @classmethod
+    def open(
+        cls, data_dir: str, db_url: str | None = None, store_url: str | None = None, gc_grace: float | None = None
+    ) -> "Engine":
+        """Open (creating if needed) the hub data directory ``data_dir``.
+
+        Defaults: SQLite at ``DIR/catalog.db``, packs under ``DIR/store``. A store
+        URL given once is remembered in the catalog and used on later opens.
+        """
+        os.makedirs(data_dir, exist_ok=True)
+        catalog = Catalog(Database(db_url or os.path.join(data_dir, "catalog.db")))
+        recorded = catalog.setting("store_url")
+        url = store_url or recorded or os.path.join(os.path.abspath(data_dir), "store")
+        if recorded is None:
+            catalog.set_setting("store_url", url)
+        grace = gc_grace if gc_grace is not None else float(os.environ.get("FABRIC_GC_GRACE", DEFAULT_GC_GRACE))
+        return cls(catalog, open_store(url), grace)
+
+    def close(self) -> None:
+        self.catalog.db.close()
+
+    # -- repositories --------------------------------------------------------
+    def create_repo(self, name: str, default_branch: str = DEFAULT_BRANCH, author: str | None = None) -> dict:
+        check_repo_name(name)
+        check_ref_name(default_branch)
+        first = self._write_commit(Commit.new(self.trees.empty, [], author or default_author(), "Repository created"))
+        self.catalog.create_repo(name, default_branch, first.id)
+        return self.get_repo(name)
+
+    def get_repo(self, name: str) -> dict:
+        check_repo_name(name)
+        repo, default_branch, created = self.catalog.get_repo(name)
+        return {"name": repo, "default_branch": default_branch, "created": created}
+
+    def list_repos(self) -> list[dict]:
+        return [{"name": n, "default_branch": b, "created": c} for n, b, c in self.catalog.list_repos()]
+
+    def delete_repo(self, name: str) -> None:
+        check_repo_name(name)
+        self.catalog.delete_repo(name)
+
+    # -- refs ----------------------------------------------------------------
+    def resolve(self, repo: str, ref: str) -> View:
+        """Resolve a ref expression to what a read sees."""
+        self.get_repo(repo)
+        expr = parse_ref(ref)
+        row = self.catalog.get_ref(repo, BRANCH, expr.base)
+        if row is not None:
+            commit_id = row.commit_id
+            branch = expr.base if expr.plain else None
+        else:
+            branch = None
+            tag = self.catalog.get_ref(repo, TAG, expr.base)
+            commit_id = tag.commit_id if tag else self._commit_by_id(repo, expr.base)
+        for _ in range(expr.ancestors):
+            parents = self.get_commit(repo, commit_id).parents
+            if not parents:
+                raise NotFound(f"{ref!r} goes back past the first commit of {repo!r}")
+            commit_id = parents[0]
+        commit = self.get_commit(repo, commit_id)
+        return View(repo, commit_id, commit.tree, branch, row.staging_seq if row and branch else 0)
+
+    def _commit_by_id(self, repo: str, text: str) -> str:
+        if not COMMIT_ID_RE.match(text):
+            raise NotFound(f"no branch, tag or commit {text!r} in repository {repo!r}")
+        found = self.catalog.commits_with_prefix(repo, text)
+        if not found:
+            raise NotFound(f"no branch, tag or commit {text!r} in repository {repo!r}")
+        if len(found) > 1:
+            raise BadRequest(f"commit prefix {text!r} is ambiguous in {repo!r}; give more characters")
+        return found[0]
+
+    def head(self, repo: str, branch: str) -> str:
+        row = self.catalog.get_ref(repo, BRANCH, branch)
+        if row is None:
+            self.get_repo(repo)
+            raise NotFound(f"branch {branch!r} does not exist in repository {repo!r}")
+        return row.commit_id
+
+    def list_branches(self, repo: str) -> list[dict]:
+        self.get_repo(repo)
+        return [{"name": r.name, "commit_id": r.commit_id} for r in self.catalog.list_refs(repo, BRANCH)]
+
+    def create_branch(self, repo: str, name: str, source: str) -> dict:
+        check_ref_name(name)
+        view = self.resolve(repo, source)
+        if self.catalog.get_ref(repo, TAG, name):
+            raise Conflict(f"a tag named {name!r} exists in {repo!r}; branch and tag names must differ")
+        self.catalog.create_ref(repo, BRANCH, name, view.commit_id)
+        return {"name": name, "commit_id": view.commit_id}
+
+    def delete_branch(self, repo: str, name: str) -> None:
+        if name == self.get_repo(repo)["default_branch"]:
+            raise BadRequest(f"cannot delete {name!r}: it is the default branch of {repo!r}")
+        self.catalog.delete_ref(repo, BRANCH, name)
+
+    def reset_branch(self, repo: str, name: str, ref: str) -> dict:
+        """Point a branch at ``ref`` and discard its uncommitted changes."""
+        target = self.resolve(repo, ref).commit_id
+        self.catalog.move_branch(repo, name, self.head(repo, name), target, clear_staging=True)
+        return {"name": name, "commit_id": target}
+
+    def list_tags(self, repo: str) -> list[dict]:
+        self.get_repo(repo)
+        return [{"name": r.name, "commit_id": r.commit_id} for r in self.catalog.list_refs(repo, TAG)]
+
+    def create_tag(self, repo: str, name: str, ref: str) -> dict:
+        check_ref_name(name, "tag")
+        view = self.resolve(repo, ref)
+        if self.catalog.get_ref(repo, BRANCH, name):
+            raise Conflict(f"a branch named {name!r} exists in {repo!r}; branch and tag names must differ")
+        self.catalog.create_ref(repo, TAG, name, view.commit_id)
+        return {"name": name, "commit_id": view.commit_id}
+
+    def delete_tag(self, repo: str, name: str) -> None:
+        self.get_repo(repo)
+        self.catalog.delete_ref(repo, TAG, name)
+
+    # -- commits -------------------------------------------------------------
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        return Commit.from_wire(self.meta.get(COMMIT, commit_id), commit_id)
+
+    def _write_commit(self, commit: Commit) -> Commit:
+        cid = self.meta.put(COMMIT, commit.to_wire())
+        return Commit.from_wire(commit.to_wire(), cid)
+
+    def commit(
+        self,
+        repo: str,
+        branch: str,
+        message: str,
+        author: str | None = None,
+        meta: Mapping[str, str] | None = None,
+        expected_head: str | None = None,
+        allow_empty: bool = False,
+    ) -> Commit:
+        """Fold a branch's staging area into a new commit (compare-and-swap on the head)."""
+        row = self.catalog.get_ref(repo, BRANCH, branch)
+        if row is None:
+            self.get_repo(repo)
+            raise NotFound(f"branch {branch!r} does not exist in repository {repo!r}")
+        if expected_head is not None and row.commit_id != expected_head:
+            raise Conflict(
+                f"branch {branch!r} is at {row.commit_id[:12]}, not the expected {expected_head[:12]}",
+                head=row.commit_id,
+            )
+        staged = {
+            path: Entry.decode(enc) if enc is not None else None
+            for path, enc in self.catalog.staged(repo, branch, max_seq=row.staging_seq)
+        }
+        return self._commit_onto(repo, branch, row.commit_id, staged, message, author, meta, allow_empty, row.staging_seq)
+
+    def commit_changes(
+        self,
+        repo: str,
+        branch: str,
+        changes: Mapping[str, Entry | None],
+        message: str,
+        author: str | None = None,
+        meta: Mapping[str, str] | None = None,
+        expected_head: str | None = None,
+        allow_empty: bool = False,
+    ) -> Commit:
+        """Commit explicit changes onto a branch head, leaving its staging area alone."""
+        head = expected_head or self.head(repo, branch)
+        return self._commit_onto(repo, branch, head, changes, message, author, meta, allow_empty, None)
+
+    def _commit_onto(
+        self,
+        repo: str,
+        branch: str,
+        head: str,
+        changes: Mapping[str, Entry | None],
+        message: str,
+        author: str | None,
+        meta: Mapping[str, str] | None,
+        allow_empty: bool,
+        fold_seq: int | None,
+        extra_parents: tuple[str, ...] = (),
+    ) -> Commit:
+        if not message or not message.strip():
+            raise BadRequest("a commit needs a message (-m MESSAGE)")
+        for path in changes:
+            check_path(path)
+        parent = self.get_commit(repo, head)
+        tree = self.trees.apply(parent.tree, changes)
+        if tree == parent.tree and not allow_empty and not extra_parents:
+            raise BadRequest(f"nothing to commit on {repo}@{branch}: no changes since {head[:12]}")
+        self._require_chunks(changes.values())
+        commit = self._write_commit(
+            Commit.new(tree, [head, *extra_parents], author or default_author(), message, dict(meta or {}))
+        )
+        self.catalog.move_branch(repo, branch, head, commit.id, fold_seq=fold_seq)
+        return commit
+
+    def _require_chunks(self, entries) -> None:
+        """Refuse to commit entries whose chunks the store does not hold."""
+        ids: list[bytes] = []
+        for entry in entries:
+            if entry is not None and entry.kind == FILE:
+                ids.extend(cid for cid, _ in self.chunk_list(entry))
+        if ids:
+            lacking = self.chunks.missing(ids)
+            if lacking:
+                raise BadRequest(
+                    f"{len(lacking)} chunk(s) referenced by the commit are not in the store "
+                    f"(first {lacking[0].hex()}); upload them first"
+                )
+
+    def log(self, repo: str, ref: str, path: str | None = None, limit: int = 100, after: str | None = None) -> list[Commit]:
+        """Commits reachable from ``ref``, newest first; ``path`` keeps those that changed it.
+
+        ``after``: a commit id from a previous page; the page starts after it.
+        """
+        if path:
+            check_path(path.rstrip("/"))
+        start = self.resolve(repo, ref).commit_id
+        seen = {start}
+        first = self.get_commit(repo, start)
+        heap = [(-first.time, start, first)]
+        out: list[Commit] = []
+        skipping = after is not None
+        while heap and len(out) < limit:
+            _, cid, commit = heapq.heappop(heap)
+            for p in commit.parents:
+                if p not in seen:
+                    seen.add(p)
+                    pc = self.get_commit(repo, p)
+                    heapq.heappush(heap, (-pc.time, p, pc))
+            if skipping:
+                skipping = cid != after
+                continue
+            if path and not self._touches(repo, commit, path):
+                continue
+            out.append(commit)
+        return out
+
+    def _touches(self, repo: str, commit: Commit, path: str) -> bool:
+        base = self.get_commit(repo, commit.parents[0]).tree if commit.parents else self.trees.empty
+        want = path.rstrip("/")
+        for p, _, _ in self.trees.diff(base, commit.tree, prefix=want):
+            if p == want or p.startswith(want + "/"):
+                return True
+        return False
+
+    # -- diff / merge / revert -----------------------------------------------
+    def diff(self, repo: str, left: str, right: str, prefix: str = "") -> Iterator[Change]:
+        check_prefix(prefix)
+        ltree = self.resolve(repo, left).tree
+        rtree = self.resolve(repo, right).tree
+        for path, a, b in self.trees.diff(ltree, rtree, prefix):
+            yield Change(path, change_kind(a, b), a, b)
+
+    def uncommitted(self, repo: str, branch: str, prefix: str = "") -> Iterator[Change]:
+        check_prefix(prefix)
+        view = self.resolve(repo, branch)
+        if view.branch is None:
+            raise BadRequest(f"{branch!r} is not a branch of {repo!r}; only branches have uncommitted changes")
+        for path, enc in self.catalog.staged(repo, branch, prefix, _prefix_end(prefix)):
+            new = Entry.decode(enc) if enc is not None else None
+            old = self.trees.get(view.tree, path)
+            if new is None and old is None:
+                continue
+            yield Change(path, change_kind(old, new), old, new)
+
+    def merge_base(self, repo: str, a: str, b: str) -> str | None:
+        ancestors_a = self._ancestors(repo, a)
+        best: tuple[float, str] | None = None
+        for cid in self._ancestors(repo, b):
+            if cid in ancestors_a:
+                t = self.get_commit(repo, cid).time
+                if best is None or t > best[0]:
+                    best = (t, cid)
+        return best[1] if best else None
+
+    def _ancestors(self, repo: str, start: str) -> set[str]:
+        seen, stack = {start}, [start]
+        while stack:
+            for p in self.get_commit(repo, stack.pop()).parents:
+                if p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        return seen
+
+    def merge(
+        self,
+        repo: str,
+        source: str,
+        dest: str,
+        strategy: str | None = None,
+        message: str | None = None,
+        author: str | None = None,
+    ) -> Commit:
+        """Three-way merge of ``source`` into branch ``dest`` at file granularity.
+
+        A path changed differently on both sides is a conflict; ``strategy``
+        ``ours`` keeps the destination's version, ``theirs`` the source's.
+        """
+        if strategy not in (None, "ours", "theirs"):
+            raise BadRequest(f"unknown merge strategy {strategy!r}: use 'ours' or 'theirs'")
+        src = self.resolve(repo, source)
+        head = self.head(repo, dest)
+        dst_tree = self.get_commit(repo, head).tree
+        base = self.merge_base(repo, src.commit_id, head)
+        if base == src.commit_id:
+            raise BadRequest(f"nothing to merge: {source!r} is already merged into {dest!r}")
+        base_tree = self.get_commit(repo, base).tree if base else self.trees.empty
+        theirs = {p: b for p, _, b in self.trees.diff(base_tree, src.tree)}
+        ours = {p: b for p, _, b in self.trees.diff(base_tree, dst_tree)}
+        changes: dict[str, Entry | None] = {}
+        conflicts = []
+        for path, entry in theirs.items():
+            if path in ours and not _same(ours[path], entry):
+                if strategy == "ours":
+                    continue
+                if strategy is None:
+                    conflicts.append(path)
+                    continue
+            changes[path] = entry
+        if conflicts:
+            raise MergeConflict(
+                f"merge of {source!r} into {dest!r} conflicts on {len(conflicts)} path(s); "
+                "resolve them or retry with --strategy ours|theirs",
+                conflicts,
+            )
+        msg = message or f"Merge {source} into {dest}"
+        return self._commit_onto(repo, dest, head, changes, msg, author, {}, True, None, (src.commit_id,))
+
+    def revert(self, repo: str, branch: str, commit_ref: str, parent: int = 1, author: str | None = None) -> Commit:
+        """Undo the changes of one commit on a branch (conflict if those paths changed since)."""
+        target_id = self.resolve(repo, commit_ref).commit_id
+        target = self.get_commit(repo, target_id)
+        if not target.parents:
+            raise BadRequest("cannot revert the first commit of a repository")
+        if not 1 <= parent <= len(target.parents):
+            raise BadRequest(f"commit {target_id[:12]} has {len(target.parents)} parent(s); --parent {parent} is out of range")
+        head = self.head(repo, branch)
+        head_tree = self.get_commit(repo, head).tree
+        parent_tree = self.get_commit(repo, target.parents[parent - 1]).tree
+        changes: dict[str, Entry | None] = {}
+        conflicts = []
+        for path, before, after in self.trees.diff(parent_tree, target.tree):
+            if not _same(self.trees.get(head_tree, path), after):
+                conflicts.append(path)
+            changes[path] = before
+        if conflicts:
+            raise MergeConflict(f"cannot revert {target_id[:12]}: {len(conflicts)} path(s) changed since", conflicts)
+        return self._commit_onto(
+            repo, branch, head, changes, f"Revert {target_id[:12]}: {target.message}", author, {}, False, None
+        )
+
+    # -- objects: reading ----------------------------------------------------
+    def stat(self, repo: str, ref: str, path: str) -> Entry:
+        check_path(path)
+        view = self.resolve(repo, ref)
+        entry = self.stat_in(view, path)
+        if entry is None:
+            raise NotFound(f"{path!r} not found in {repo}@{ref}")
+        return entry
+
+    def stat_in(self, view: View, path: str) -> Entry | None:
+        if view.branch is not None:
+            found, enc = self.catalog.staged_entry(view.repo, view.branch, path)
+            if found:
+                return Entry.decode(enc) if enc is not None else None
+        return self.trees.get(view.tree, path)
+
+    def iter_entries(self, view: View, prefix: str = "", start: str = "") -> Iterator[tuple[str, bytes]]:
+        """``(path, encoded entry)`` at a view, staging overlaid, in path order."""
+        tree_items = self.trees.iter_raw(view.tree, start=start, prefix=prefix)
+        if view.branch is None:
+            yield from tree_items
+            return
+        staged = self.catalog.staged(view.repo, view.branch, max(start, prefix), _prefix_end(prefix))
+        yield from _overlay(tree_items, staged)
+
+    def list(
+        self,
+        repo: str,
+        ref: str,
+        prefix: str = "",
+        delimiter: str = "",
+        after: str = "",
+        limit: int = 1000,
+    ) -> Listing:
+        """List paths under ``prefix``; with ``delimiter`` group deeper paths into prefixes (S3 style)."""
+        check_prefix(prefix)
+        if delimiter not in ("", "/"):
+            raise BadRequest("only '/' is supported as a delimiter")
+        if limit < 1:
+            raise BadRequest("limit must be at least 1")
+        view = self.resolve(repo, ref)
+        return self.list_view(view, prefix, delimiter, after, limit)
+
+    def list_view(self, view: View, prefix: str, delimiter: str, after: str, limit: int) -> Listing:
+        out = Listing()
+        last = after
+        start = after + "\x00" if after else ""
+        while True:
+            grouped = False
+            for path, enc in self.iter_entries(view, prefix, start):
+                if path <= last:
+                    continue
+                if len(out.entries) + len(out.prefixes) >= limit:
+                    out.next_after = last
+                    return out
+                rest = path[len(prefix) :]
+                cut = rest.find(delimiter) if delimiter else -1
+                if cut >= 0:
+                    # Everything under this common prefix sorts before prefix-with-'/'+1.
+                    last = prefix + rest[: cut + 1]
+                    out.prefixes.append(last)
+                    start = last[:-1] + chr(ord(delimiter) + 1)
+                    grouped = True
+                    break
+                out.entries.append((path, Entry.decode(enc)))
+                last = path
+            if not grouped:
+                return out
+
+    def chunk_list(self, entry: Entry) -> tuple[tuple[bytes, int], ...]:
+        if entry.chunklist:
+            return tuple((bytes(c), n) for c, n in self.meta.get(CHUNKLIST, entry.chunklist))
+        return entry.chunks
+
+    def read_entry(self, entry: Entry, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
+        """Stream the bytes of a file entry (whole, or ``length`` bytes from ``offset``)."""
+        if entry.kind != FILE:
+            raise BadRequest("not a regular file")
+        if offset < 0 or (offset > 0 and offset >= entry.size) or (length is not None and length < 0):
+            raise RangeNotSatisfiable(f"range starting at {offset} is outside the file's {entry.size} bytes")
+        end = entry.size if length is None else min(entry.size, offset + length)
+        wanted: list[tuple[bytes, int, int]] = []  # (chunk id, start within chunk, end within chunk)
+        pos = 0
+        for cid, size in self.chunk_list(entry):
+            lo, hi = max(offset, pos), min(end, pos + size)
+            if lo < hi:
+                wanted.append((cid, lo - pos, hi - pos))
+            pos += size
+            if pos >= end:
+                break
+        for i in range(0, len(wanted), 64):
+            batch = wanted[i : i + 64]
+            for (_, a, b), data in zip(batch, self.chunks.read_many([w[0] for w in batch])):
+                yield data[a:b] if (a, b) != (0, len(data)) else data
+
+    def read(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        entry = self.stat(repo, ref, path)
+        return b"".join(self.read_entry(entry, offset, length))
+
+    # -- objects: writing ----------------------------------------------------
+    def make_file_entry(
+        self,
+        chunks: list[tuple[bytes, int]],
+        md5: str,
+        mode: int = 0o644,
+        mtime_ns: int = 0,
+        meta: Mapping[str, str] | None = None,
+    ) -> Entry:
+        size = sum(n for _, n in chunks)
+        entry = Entry(FILE, size, mode, mtime_ns, md5=md5, meta=dict(meta or {}))
+        if len(chunks) > INLINE_CHUNKS:
+            return entry.with_(chunklist=self.meta.put(CHUNKLIST, [[c, n] for c, n in chunks]))
+        return entry.with_(chunks=tuple(chunks))
+
+    def ingest_stream(self, stream: BinaryIO, session: PackSession) -> tuple[list[tuple[bytes, int]], str]:
+        """Chunk a stream into a pack session; return its chunk list and MD5."""
+        md5 = hashlib.md5()
+        chunks: list[tuple[bytes, int]] = []
+        window: list[tuple[bytes, memoryview]] = []
+
+        def flush() -> None:
+            new = session.filter_new([cid for cid, _ in window])
+            for cid, data in window:
+                if cid in new:
+                    session.add(cid, data)
+            window.clear()
+
+        pending = 0
+        for piece in chunking.cut_stream(stream):
+            md5.update(piece)
+            cid = chunking.chunk_id(piece)
+            chunks.append((cid, len(piece)))
+            window.append((cid, piece))
+            pending += len(piece)
+            if pending >= chunking.READ_WINDOW:
+                flush()
+                pending = 0
+        flush()
+        return chunks, md5.hexdigest()
+
+    def put_object(
+        self,
+        repo: str,
+        branch: str,
+        path: str,
+        stream: BinaryIO,
+        mode: int = 0o644,
+        mtime_ns: int | None = None,
+        meta: Mapping[str, str] | None = None,
+    ) -> Entry:
+        """Store a stream as a file on a branch (staged; visible to branch reads at once)."""
+        check_path(path)
+        self.head(repo, branch)
+        with self.chunks.session() as session:
+            chunks, md5 = self.ingest_stream(stream, session)
+        entry = self.make_file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
+        self.stage(repo, branch, {path: entry})
+        return entry
+
+    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
+        """Stage entries (``None`` deletes) whose chunks are already stored."""
+        for path in changes:
+            check_path(path)
+        self._require_chunks(changes.values())
+        self.catalog.stage(repo, branch, [(p, e.encode() if e is not None else None) for p, e in changes.items()])
+
+    def delete_object(self, repo: str, branch: str, path: str) -> None:
+        view = self.resolve(repo, branch)
+        if view.branch is None:
+            raise BadRequest(f"{branch!r} is not a branch; objects can only be deleted on a branch")
+        if self.stat_in(view, path) is None:
+            raise NotFound(f"{path!r} not found in {repo}@{branch}")
+        self.catalog.stage(repo, branch, [(path, None)])
+
+    def discard(self, repo: str, branch: str) -> None:
+        self.head(repo, branch)
+        self.catalog.discard_staging(repo, branch)
+
+    # -- statistics ----------------------------------------------------------
+    def stats(self) -> dict:
+        s = self.catalog.stats()
+        logical = 0
+        for repo, commit_id in self.catalog.all_ref_commits():
+            tree = self.get_commit(repo, commit_id).tree
+            logical += sum(Entry.decode(enc).size for _, enc in self.trees.iter_raw(tree))
+        return {
+            "repositories": len(self.catalog.list_repos()),
+            "logical_bytes": logical,
+            "stored_bytes": s["pack_bytes"],
+            **s,
+        }
+
+
+def _same(a: Entry | None, b: Entry | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.encode() == b.encode()
+
+
+def _prefix_end(prefix: str) -> str | None:
+    return prefix + "\U0010ffff" if prefix else None
+
+
+def _overlay(tree_items: Iterator[tuple[str, bytes]], staged: Iterator[tuple[str, bytes | None]]) -> Iterator[tuple[str, bytes]]:
+    """Merge two sorted streams; staged entries win, staged ``None`` hides a path."""
+    s = next(staged, None)
+    for path, enc in tree_items:
+        while s is not None and s[0] < path:
+            if s[1] is not None:
+                yield s  # type: ignore[misc]
+            s = next(staged, None)
+        if s is not None and s[0] == path:
+            if s[1] is not None:
+                yield s  # type: ignore[misc]
+            s = next(staged, None)
+            continue
+        yield path, enc
+    while s is not None:
+        if s[1] is not None:
+            yield s  # type: ignore[misc]
+        s = next(staged, None)
