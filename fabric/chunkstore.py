@@ -71,7 +71,9 @@ class ChunkStore:
         data = builder.finish()
         pack_id = packs.new_pack_id()
         self.store.put(packs.pack_key(pack_id), data)
-        self.catalog.index_pack(pack_id, len(data), [(c.id, c.offset, c.length, c.raw_len) for c in builder.chunks])
+        self.catalog.index_pack(
+            pack_id, len(data), builder.size, [(c.id, c.offset, c.length, c.raw_len) for c in builder.chunks]
+        )
         return pack_id
 
     def receive_pack(self, data: bytes) -> tuple[int, int]:
@@ -88,8 +90,9 @@ class ChunkStore:
             return len(chunks), 0
         pack_id = packs.new_pack_id()
         self.store.put(packs.pack_key(pack_id), data)
+        data_size = chunks[-1].offset + chunks[-1].length
         self.catalog.index_pack(
-            pack_id, len(data), [(c.id, c.offset, c.length, c.raw_len) for c in chunks if c.id in new]
+            pack_id, len(data), data_size, [(c.id, c.offset, c.length, c.raw_len) for c in chunks if c.id in new]
         )
         return len(chunks), len(new)
 

@@ -164,6 +164,7 @@ class Engine:
         return found[0]
 
     def head(self, repo: str, branch: str) -> str:
+        check_ref_name(branch)
         row = self.catalog.get_ref(repo, BRANCH, branch)
         if row is None:
             self.get_repo(repo)

@@ -269,19 +269,25 @@ class Catalog:
                     cur.executemany("UPDATE chunks SET touched = ? WHERE id = ?", stale)
         return present
 
-    def index_pack(self, pack_id: str, size: int, chunks: Iterable[tuple[bytes, int, int, int]]) -> None:
-        """Record a stored pack and its chunks (after the pack object is durable)."""
+    def index_pack(self, pack_id: str, size: int, data_size: int, chunks: Iterable[tuple[bytes, int, int, int]]) -> None:
+        """Record a stored pack and its chunks (after the pack object is durable).
+
+        ``data_size`` is the size of the pack's frame area (without its index).
+        """
         now = time.time()
         with self.db.tx() as cur:
-            cur.execute("INSERT INTO packs (id, size, created) VALUES (?, ?, ?)", (pack_id, size, now))
+            cur.execute(
+                "INSERT INTO packs (id, size, data_size, created) VALUES (?, ?, ?, ?)", (pack_id, size, data_size, now)
+            )
             cur.executemany(
                 "INSERT INTO chunks (id, pack, off, len, raw_len, touched) VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (id) DO NOTHING",
                 [(cid, pack_id, off, length, raw_len, now) for cid, off, length, raw_len in chunks],
             )
 
-    def packs(self) -> list[tuple[str, int, float]]:
-        return self.db.query("SELECT id, size, created FROM packs ORDER BY id")
+    def packs(self) -> list[tuple[str, int, int, float]]:
+        """``(id, size, data_size, created)`` of every indexed pack."""
+        return self.db.query("SELECT id, size, data_size, created FROM packs ORDER BY id")
 
     def chunks_of_pack(self, pack_id: str) -> list[tuple[bytes, int, int, int, float]]:
         rows = self.db.query("SELECT id, off, len, raw_len, touched FROM chunks WHERE pack = ? ORDER BY off", (pack_id,))
@@ -291,19 +297,24 @@ class Catalog:
         for cid, pack, length, touched in self.db.query("SELECT id, pack, len, touched FROM chunks"):
             yield bytes(cid), pack, length, touched
 
-    def relocate_chunks(self, new_pack: str, size: int, rows: Sequence[tuple[bytes, int, int, int]]) -> None:
+    def relocate_chunks(
+        self, new_pack: str, size: int, data_size: int, rows: Sequence[tuple[bytes, int, int, int]]
+    ) -> None:
         """Point chunks at a repacked copy (one transaction)."""
         now = time.time()
         with self.db.tx() as cur:
-            cur.execute("INSERT INTO packs (id, size, created) VALUES (?, ?, ?)", (new_pack, size, now))
+            cur.execute(
+                "INSERT INTO packs (id, size, data_size, created) VALUES (?, ?, ?, ?)", (new_pack, size, data_size, now)
+            )
             cur.executemany(
                 "UPDATE chunks SET pack = ?, off = ?, len = ?, raw_len = ? WHERE id = ?",
                 [(new_pack, off, length, raw_len, cid) for cid, off, length, raw_len in rows],
             )
 
-    def delete_chunks(self, ids: Sequence[bytes]) -> None:
+    def delete_chunks(self, ids: Sequence[bytes], older_than: float) -> None:
+        """Unindex chunks, except those a writer touched at or after ``older_than``."""
         with self.db.tx() as cur:
-            cur.executemany("DELETE FROM chunks WHERE id = ?", [(cid,) for cid in ids])
+            cur.executemany("DELETE FROM chunks WHERE id = ? AND touched < ?", [(cid, older_than) for cid in ids])
 
     def delete_pack_row(self, pack_id: str) -> None:
         with self.db.tx() as cur:

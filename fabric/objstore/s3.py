@@ -73,7 +73,7 @@ class S3Store(ObjectStore):
         if self.region:
             query["region"] = self.region
         base = f"s3://{self.bucket}/{self.prefix.rstrip('/')}"
-        return f"{base}?{urlencode(query)}" if query else base
+        return f"{base}?{urlencode(query, safe=':/')}" if query else base
 
     def describe(self) -> str:
         where = f" at {redact_url(self.endpoint_url)}" if self.endpoint_url else ""

@@ -1,0 +1,97 @@
+"""What every command shares: where the data is, output format, error handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import wraps
+from typing import Any
+
+import click
+
+from ..errors import FabricError
+from ..progress import TqdmProgress
+
+DEFAULT_DATA = os.path.join(".fabric", "hub")
+
+
+@dataclass
+class Ctx:
+    data: str
+    db: str | None
+    store: str | None
+    json: bool
+    quiet: bool
+    _engine: Any = field(default=None, repr=False)
+
+    @property
+    def engine(self):
+        """The engine of the local hub data directory, opened on first use."""
+        if self._engine is None:
+            from ..engine import Engine
+
+            self._engine = Engine.open(self.data, self.db, self.store)
+        return self._engine
+
+    def progress(self) -> TqdmProgress:
+        return TqdmProgress(False if self.quiet else None)
+
+    def emit(self, data: Any, human: Callable[[Any], str] | str | None = None) -> None:
+        """Print ``data`` as JSON with --json, else its human rendering."""
+        if self.json:
+            click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+        elif human is not None:
+            text = human(data) if callable(human) else human
+            if text:
+                click.echo(text)
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(Ctx).json = True
+
+
+json_option = click.option(
+    "--json", is_flag=True, expose_value=False, is_eager=True, callback=_set_json, help="Print machine-readable JSON."
+)
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Turn engine errors into a one-line message and the error's exit code.
+
+    Also gives the command a ``--json`` flag (same as the global one).
+    """
+
+    @json_option
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FabricError as exc:
+            ctx = click.get_current_context().find_object(Ctx)
+            if ctx is not None and ctx.json:
+                click.echo(json.dumps({"error": exc.to_dict()}, indent=2), err=True)
+            else:
+                click.echo(f"error: {exc.message}", err=True)
+                for c in exc.details.get("conflicts", [])[:50]:
+                    click.echo(f"  conflict: {c}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

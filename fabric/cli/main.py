@@ -1,0 +1,55 @@
+"""Entry point of the ``fabric`` command."""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from . import maint_cmd, objects_cmd, refs_cmd, repo_cmd, transfer_cmd
+from .context import DEFAULT_DATA, Ctx
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(context_settings=CONTEXT)
+@click.option(
+    "--data",
+    envvar="FABRIC_DATA",
+    default=DEFAULT_DATA,
+    show_default=True,
+    metavar="DIR",
+    help="Hub data directory to work on directly (catalog and store). Env: FABRIC_DATA.",
+)
+@click.option("--db", envvar="FABRIC_DB", metavar="URL", help="Catalog database: sqlite:///PATH or postgresql://… (default: DIR/catalog.db).")
+@click.option("--store", envvar="FABRIC_STORE", metavar="URL", help="Object store for packs: a path, s3://bucket/prefix or an fsspec URL (default: DIR/store; remembered).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@click.version_option(__version__, prog_name="fabric")
+@click.pass_context
+def cli(ctx: click.Context, data: str, db: str | None, store: str | None, as_json: bool, quiet: bool) -> None:
+    """fabric: versioned, deduplicated datasets and checkpoints for AI training.
+
+    Repositories hold files under branches, tags and commits, addressed as
+    REPO@REF (e.g. datasets@main, datasets@v1, datasets@3fa2c9e1, datasets@main~1).
+
+    \b
+    Typical session:
+      fabric repo create datasets
+      fabric import ./imagenet datasets@main -m "ImageNet train split"
+      fabric ls datasets@main
+      fabric branch create datasets exp --from main
+      fabric diff datasets main exp
+    """
+    ctx.obj = Ctx(data, db, store, as_json, quiet)
+
+
+for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd):
+    module.register(cli)
+
+
+def main() -> None:
+    cli(prog_name="fabric")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""``fabric import`` and ``fabric export``."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import BadRequest
+from ..refs import split_repo_ref
+from ..transfer import export_tree, import_directory
+from .context import Ctx, handle_errors, human_size, pass_ctx
+
+
+def repo_branch(spec: str) -> tuple[str, str]:
+    repo, branch = split_repo_ref(spec)
+    if branch is None:
+        raise BadRequest(f"give a branch: {spec}@BRANCH")
+    return repo, branch
+
+
+@click.command("import")
+@click.argument("src", type=click.Path(file_okay=False))
+@click.argument("target", metavar="REPO@BRANCH")
+@click.option("-m", "--message", required=True, help="Commit message.")
+@click.option("--prefix", default="", help="Import under this path of the repository.")
+@click.option("--no-delete", is_flag=True, help="Only add and update; keep paths missing from SRC.")
+@click.option("--rehash", is_flag=True, help="Read every file even if its size and mtime are unchanged.")
+@click.option("--author", help="Commit author (default: $FABRIC_AUTHOR or your user name).")
+@pass_ctx
+@handle_errors
+def import_(ctx: Ctx, src: str, target: str, message: str, prefix: str, no_delete: bool, rehash: bool, author: str | None) -> None:
+    """Make REPO@BRANCH (under --prefix) equal to directory SRC and commit.
+
+    Only chunks the store lacks are stored; files whose size, mode and mtime
+    match the branch are not read again. Prints the new commit id.
+    """
+    repo, branch = repo_branch(target)
+    result = import_directory(
+        ctx.engine, src, repo, branch, message, prefix=prefix, delete=not no_delete, rehash=rehash,
+        author=author, progress=ctx.progress(),
+    )
+    for path in result.skipped:
+        click.echo(f"warning: skipped {path} (not a file, directory or symlink)", err=True)
+
+    def human(r: dict) -> str:
+        if r["commit_id"] is None:
+            return f"no changes: {repo}@{branch} already matches {src}"
+        click.echo(
+            f"{r['added']} added, {r['changed']} changed, {r['removed']} removed; "
+            f"{human_size(r['bytes_hashed'])} read, {human_size(r['new_bytes'])} new, "
+            f"{human_size(r['stored_bytes'])} stored",
+            err=True,
+        )
+        return r["commit_id"]
+
+    ctx.emit(result.describe(), human)
+
+
+@click.command("export")
+@click.argument("source", metavar="REPO@REF")
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option("--prefix", default="", help="Export only this path of the repository (as DEST's root).")
+@pass_ctx
+@handle_errors
+def export(ctx: Ctx, source: str, dest: str, prefix: str) -> None:
+    """Write the files of REPO@REF into directory DEST (modes and mtimes kept)."""
+    repo, ref = split_repo_ref(source, None)
+    if ref is None:
+        ref = ctx.engine.get_repo(repo)["default_branch"]
+    result = export_tree(ctx.engine, repo, ref, dest, prefix=prefix, progress=ctx.progress())
+    ctx.emit(result.__dict__, lambda r: f"exported {r['files']} files ({human_size(r['bytes'])}) to {dest}")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(import_)
+    cli.add_command(export)

@@ -1,0 +1,256 @@
+"""Import a local directory into a branch, and export a ref to a directory."""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .engine import Engine
+from .errors import BadRequest, NotFound
+from .model import DIR, FILE, SYMLINK, Commit, Entry
+from .paths import check_path
+from .progress import Progress
+
+WORKERS = min(8, (os.cpu_count() or 2) + 1)
+
+
+@dataclass
+class ImportResult:
+    commit: Commit | None
+    files: int = 0
+    added: int = 0
+    changed: int = 0
+    removed: int = 0
+    bytes_hashed: int = 0
+    new_chunks: int = 0
+    new_bytes: int = 0
+    stored_bytes: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "commit"}
+        d["commit_id"] = self.commit.id if self.commit else None
+        return d
+
+
+@dataclass(frozen=True)
+class LocalItem:
+    """What the walk found at one path before any file is read."""
+
+    path: str
+    abspath: str
+    kind: str
+    size: int = 0
+    mode: int = 0
+    mtime_ns: int = 0
+    target: str = ""
+
+
+def normalize_prefix(prefix: str) -> str:
+    prefix = prefix.strip("/")
+    if prefix:
+        check_path(prefix)
+        return prefix + "/"
+    return ""
+
+
+def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Iterator[LocalItem]:
+    """Files, symlinks and empty directories under ``root`` (unordered)."""
+    stack = [(root, prefix)]
+    while stack:
+        dir_abs, dir_rel = stack.pop()
+        try:
+            entries = list(os.scandir(dir_abs))
+        except PermissionError as exc:
+            raise BadRequest(f"cannot read directory {dir_abs!r}: {exc.strerror}") from exc
+        if not entries and dir_rel and dir_rel != prefix:
+            st = os.lstat(dir_abs)
+            yield LocalItem(dir_rel.rstrip("/"), dir_abs, DIR, 0, stat_mod.S_IMODE(st.st_mode), st.st_mtime_ns)
+        for de in entries:
+            rel = dir_rel + de.name
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(
+                    f"file name {os.fsencode(de.path)!r} is not valid UTF-8; rename it before importing"
+                ) from None
+            st = de.stat(follow_symlinks=False)
+            if stat_mod.S_ISDIR(st.st_mode):
+                stack.append((de.path, rel + "/"))
+            elif stat_mod.S_ISREG(st.st_mode):
+                yield LocalItem(rel, de.path, FILE, st.st_size, stat_mod.S_IMODE(st.st_mode), st.st_mtime_ns)
+            elif stat_mod.S_ISLNK(st.st_mode):
+                yield LocalItem(rel, de.path, SYMLINK, 0, 0o777, st.st_mtime_ns, os.readlink(de.path))
+            elif skipped is not None:
+                skipped.append(rel)
+
+
+def _unchanged(item: LocalItem, old: Entry | None) -> bool:
+    if old is None or old.kind != item.kind or old.mode != item.mode:
+        return False
+    if item.kind == FILE:
+        return old.size == item.size and old.mtime_ns == item.mtime_ns
+    if item.kind == SYMLINK:
+        return old.target == item.target
+    return True
+
+
+def import_directory(
+    engine: Engine,
+    src: str,
+    repo: str,
+    branch: str,
+    message: str,
+    prefix: str = "",
+    delete: bool = True,
+    rehash: bool = False,
+    author: str | None = None,
+    progress: Progress | None = None,
+) -> ImportResult:
+    """Make ``repo@branch`` (under ``prefix``) equal to directory ``src`` and commit.
+
+    Files whose size, mode and mtime match the branch's entry are not read
+    again (``rehash`` reads everything). With ``delete=False`` paths missing
+    from ``src`` are kept. Returns a result with ``commit=None`` when nothing
+    changed.
+    """
+    progress = progress or Progress()
+    if not os.path.isdir(src):
+        raise BadRequest(f"{src!r} is not a directory")
+    prefix = normalize_prefix(prefix)
+    head = engine.head(repo, branch)
+    tree = engine.get_commit(repo, head).tree
+    result = ImportResult(None)
+    local = {item.path: item for item in walk(os.path.abspath(src), prefix, result.skipped)}
+    for path in local:
+        check_path(path)
+    result.files = len(local)
+    existing = {p: Entry.decode(enc) for p, enc in engine.trees.iter_raw(tree, prefix=prefix)}
+
+    changes: dict[str, Entry | None] = {}
+    to_hash: list[LocalItem] = []
+    for path, item in local.items():
+        old = existing.get(path)
+        if not rehash and _unchanged(item, old):
+            continue
+        if item.kind == FILE:
+            to_hash.append(item)
+        elif item.kind == SYMLINK:
+            changes[path] = Entry(SYMLINK, len(item.target), 0o777, item.mtime_ns, target=item.target)
+        else:
+            changes[path] = Entry(DIR, 0, item.mode, item.mtime_ns)
+    if delete:
+        for path in existing.keys() - local.keys():
+            changes[path] = None
+
+    progress.start(sum(i.size for i in to_hash), "B", "import")
+    with engine.chunks.session() as session:
+
+        def ingest(item: LocalItem) -> tuple[str, Entry]:
+            with open(item.abspath, "rb", buffering=0) as f:
+                chunks, md5 = engine.ingest_stream(_Counting(f, progress), session)
+            return item.path, engine.make_file_entry(chunks, md5, item.mode, item.mtime_ns)
+
+        with ThreadPoolExecutor(WORKERS) as pool:
+            for path, entry in pool.map(ingest, sorted(to_hash, key=lambda i: i.path)):
+                old = existing.get(path)
+                if rehash and old is not None and old.encode() == entry.encode():
+                    continue
+                changes[path] = entry
+    progress.close()
+    result.bytes_hashed = sum(i.size for i in to_hash)
+    result.new_chunks, result.new_bytes, result.stored_bytes = session.new_chunks, session.new_bytes, session.stored_bytes
+    for path, entry in changes.items():
+        if entry is None:
+            result.removed += 1
+        elif path in existing:
+            result.changed += 1
+        else:
+            result.added += 1
+    if changes:
+        result.commit = engine.commit_changes(repo, branch, changes, message, author=author, expected_head=head)
+    return result
+
+
+class _Counting:
+    """A file wrapper that reports bytes read to a progress bar."""
+
+    def __init__(self, f, progress: Progress) -> None:
+        self._f = f
+        self._progress = progress
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._progress.advance(len(data))
+        return data
+
+
+@dataclass
+class ExportResult:
+    files: int = 0
+    bytes: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+
+
+def export_tree(
+    engine: Engine,
+    repo: str,
+    ref: str,
+    dest: str,
+    prefix: str = "",
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Write the files of ``repo@ref`` (under ``prefix``) into directory ``dest``.
+
+    Existing files at the same paths are replaced; other files in ``dest`` are
+    left alone. Modes and modification times are restored.
+    """
+    progress = progress or Progress()
+    prefix = normalize_prefix(prefix)
+    view = engine.resolve(repo, ref)
+    items = [(p, Entry.decode(e)) for p, e in engine.iter_entries(view, prefix)]
+    if prefix and not items:
+        raise NotFound(f"nothing under {prefix!r} in {repo}@{ref}")
+    dest = os.path.abspath(dest)
+    os.makedirs(dest, exist_ok=True)
+    result = ExportResult()
+    progress.start(sum(e.size for _, e in items if e.kind == FILE), "B", "export")
+
+    def write(path: str, entry: Entry) -> None:
+        target = os.path.join(dest, path[len(prefix) :])
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if entry.kind == DIR:
+            os.makedirs(target, exist_ok=True)
+            os.chmod(target, entry.mode)
+        elif entry.kind == SYMLINK:
+            if os.path.lexists(target):
+                os.unlink(target)
+            os.symlink(entry.target, target)
+            return
+        else:
+            tmp = target + ".fabric-tmp"
+            with open(tmp, "wb") as f:
+                for piece in engine.read_entry(entry):
+                    f.write(piece)
+                    progress.advance(len(piece))
+            os.chmod(tmp, entry.mode)
+            os.replace(tmp, target)
+        os.utime(target, ns=(entry.mtime_ns, entry.mtime_ns))
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for _ in pool.map(lambda it: write(*it), items):
+            pass
+    progress.close()
+    for _, entry in items:
+        if entry.kind == FILE:
+            result.files += 1
+            result.bytes += entry.size
+        elif entry.kind == DIR:
+            result.dirs += 1
+        else:
+            result.symlinks += 1
+    return result

@@ -1,0 +1,100 @@
+"""Shared fixtures: engines on SQLite and PostgreSQL, a moto S3 endpoint, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from fabric.engine import Engine
+from tests.moto_server import start_moto
+from tests.pgserver import drop_database, fresh_database, postgres_available, postgres_unavailable_reason, start_postgres
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    if not postgres_available():
+        pytest.skip(postgres_unavailable_reason())
+    with start_postgres() as url:
+        yield url
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    url = fresh_database(pg_server)
+    yield url
+    drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    with start_moto() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A catalog URL: every test using it runs once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/catalog.db"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def engine(tmp_path, db_url: str) -> Iterator[Engine]:
+    """An engine on a fresh data directory, on both catalog backends."""
+    e = Engine.open(str(tmp_path / "hub"), db_url=db_url, gc_grace=3600)
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path) -> Iterator[Engine]:
+    """An engine on SQLite only, for tests whose subject is not the catalog."""
+    e = Engine.open(str(tmp_path / "hub"), gc_grace=3600)
+    yield e
+    e.close()
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+@dataclass
+class Cli:
+    """Runs the real ``fabric`` command in a subprocess against one data directory."""
+
+    data: str
+    env: dict
+
+    def __call__(self, *args: str, input: bytes | None = None, check: bool = True) -> CliResult:
+        proc = subprocess.run(
+            [sys.executable, "-m", "fabric.cli.main", "--data", self.data, *args],
+            input=input,
+            capture_output=True,
+            env=self.env,
+            timeout=600,
+        )
+        result = CliResult(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
+        if check and proc.returncode != 0:
+            raise AssertionError(f"fabric {' '.join(args)} failed ({proc.returncode}): {result.stderr}")
+        return result
+
+
+@pytest.fixture
+def cli(tmp_path) -> Cli:
+    env = dict(os.environ, PYTHONPATH=ROOT, FABRIC_AUTHOR="tester")
+    return Cli(str(tmp_path / "hub"), env)
