@@ -107,9 +107,10 @@ class FsspecStore(ObjectStore):
         check_range(offset, length)
         end = None if length is None else offset + length
         try:
-            return self.fs.cat_file(self._path(key), start=offset, end=end)
+            data: bytes = self.fs.cat_file(self._path(key), start=offset, end=end)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise self._not_found(key) from None
+        return data
 
     def stat(self, key: str) -> ObjectInfo:
         try:

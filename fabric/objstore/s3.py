@@ -121,7 +121,8 @@ class S3Store(ObjectStore):
                 return b""  # range starts at or past the end
             raise
         with response["Body"] as body:
-            return body.read()
+            data: bytes = body.read()
+        return data
 
     def stat(self, key: str) -> ObjectInfo:
         try:
@@ -146,11 +147,8 @@ class S3Store(ObjectStore):
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
             for item in page.get("Contents", ()):
-                yield ObjectInfo(
-                    item["Key"][skip:], item["Size"], item["LastModified"].timestamp()
-                )
+                yield ObjectInfo(item["Key"][skip:], item["Size"], item["LastModified"].timestamp())
 
 
 def _error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
-
