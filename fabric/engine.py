@@ -11,24 +11,27 @@ that reach them.
 from __future__ import annotations
 
 import getpass
-import hashlib
 import heapq
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from . import chunking
 from .catalog import Catalog, Database
 from .catalog.catalog import BRANCH, TAG
+from . import maintenance
 from .chunkstore import ChunkStore, PackSession
+from .ingest import file_entry, ingest_stream
 from .errors import BadRequest, Conflict, MergeConflict, NotFound, RangeNotSatisfiable
 from .metastore import CHUNKLIST, COMMIT, MetaStore
 from .model import DIR, FILE, INLINE_CHUNKS, SYMLINK, Commit, Entry
 from .objstore import ObjectStore, open_store
 from .paths import COMMIT_ID_RE, check_path, check_prefix, check_ref_name, check_repo_name
 from .refs import parse_ref
+from .listing import Change, Listing, change_kind
+from .plane import DataPlane
+from .progress import Progress
 from .tree import Trees
 
 DEFAULT_BRANCH = "main"
@@ -48,33 +51,6 @@ class View:
     staging_seq: int = 0
 
 
-@dataclass(frozen=True)
-class Change:
-    path: str
-    kind: str  # added | removed | changed
-    left: Entry | None
-    right: Entry | None
-
-    def describe(self) -> dict:
-        d: dict = {"path": self.path, "type": self.kind}
-        if self.right is not None:
-            d["size"] = self.right.size
-        elif self.left is not None:
-            d["size"] = self.left.size
-        return d
-
-
-@dataclass
-class Listing:
-    entries: list[tuple[str, Entry]] = field(default_factory=list)
-    prefixes: list[str] = field(default_factory=list)
-    next_after: str | None = None  # pass back as ``after`` to continue
-
-
-def change_kind(left: Entry | None, right: Entry | None) -> str:
-    return "added" if left is None else "removed" if right is None else "changed"
-
-
 def default_author() -> str:
     try:
         return os.environ.get("FABRIC_AUTHOR") or getpass.getuser()
@@ -82,7 +58,7 @@ def default_author() -> str:
         return "fabric"
 
 
-class Engine:
+class Engine(DataPlane):
     def __init__(self, catalog: Catalog, store: ObjectStore, gc_grace: float = DEFAULT_GC_GRACE) -> None:
         self.catalog = catalog
         self.store = store
@@ -152,6 +128,9 @@ class Engine:
             commit_id = parents[0]
         commit = self.get_commit(repo, commit_id)
         return View(repo, commit_id, commit.tree, branch, row.staging_seq if row and branch else 0)
+
+    def resolve_commit(self, repo: str, ref: str) -> str:
+        return self.resolve(repo, ref).commit_id
 
     def _commit_by_id(self, repo: str, text: str) -> str:
         if not COMMIT_ID_RE.match(text):
@@ -277,10 +256,10 @@ class Engine:
         for path in changes:
             check_path(path)
         parent = self.get_commit(repo, head)
-        tree = self.trees.apply(parent.tree, changes)
+        self._require_chunks(changes.values())
+        tree = self.trees.apply(parent.tree, self._normalized(changes))
         if tree == parent.tree and not allow_empty and not extra_parents:
             raise BadRequest(f"nothing to commit on {repo}@{branch}: no changes since {head[:12]}")
-        self._require_chunks(changes.values())
         commit = self._write_commit(
             Commit.new(tree, [head, *extra_parents], author or default_author(), message, dict(meta or {}))
         )
@@ -538,50 +517,23 @@ class Engine:
             for (_, a, b), data in zip(batch, self.chunks.read_many([w[0] for w in batch])):
                 yield data[a:b] if (a, b) != (0, len(data)) else data
 
-    def read(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> bytes:
+    def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
         entry = self.stat(repo, ref, path)
-        return b"".join(self.read_entry(entry, offset, length))
+        if entry.kind != FILE:
+            raise BadRequest(f"{path!r} in {repo}@{ref} is a {entry.kind}, not a file")
+        return self.read_entry(entry, offset, length)
+
+    def open_file(self, repo: str, ref: str, path: str, entry: Entry | None = None) -> Iterator[bytes]:
+        if entry is not None and entry.kind == FILE:
+            return self.read_entry(entry)
+        return self.read_stream(repo, ref, path)
 
     # -- objects: writing ----------------------------------------------------
-    def make_file_entry(
-        self,
-        chunks: list[tuple[bytes, int]],
-        md5: str,
-        mode: int = 0o644,
-        mtime_ns: int = 0,
-        meta: Mapping[str, str] | None = None,
-    ) -> Entry:
-        size = sum(n for _, n in chunks)
-        entry = Entry(FILE, size, mode, mtime_ns, md5=md5, meta=dict(meta or {}))
-        if len(chunks) > INLINE_CHUNKS:
-            return entry.with_(chunklist=self.meta.put(CHUNKLIST, [[c, n] for c, n in chunks]))
-        return entry.with_(chunks=tuple(chunks))
-
-    def ingest_stream(self, stream: BinaryIO, session: PackSession) -> tuple[list[tuple[bytes, int]], str]:
-        """Chunk a stream into a pack session; return its chunk list and MD5."""
-        md5 = hashlib.md5()
-        chunks: list[tuple[bytes, int]] = []
-        window: list[tuple[bytes, memoryview]] = []
-
-        def flush() -> None:
-            new = session.filter_new([cid for cid, _ in window])
-            for cid, data in window:
-                if cid in new:
-                    session.add(cid, data)
-            window.clear()
-
-        pending = 0
-        for piece in chunking.cut_stream(stream):
-            md5.update(piece)
-            cid = chunking.chunk_id(piece)
-            chunks.append((cid, len(piece)))
-            window.append((cid, piece))
-            pending += len(piece)
-            if pending >= chunking.READ_WINDOW:
-                flush()
-                pending = 0
-        flush()
-        return chunks, md5.hexdigest()
+    def normalize(self, entry: Entry | None) -> Entry | None:
+        """Move a long inline chunk list into its own object (entries as stored)."""
+        if entry is None or entry.kind != FILE or len(entry.chunks) <= INLINE_CHUNKS:
+            return entry
+        return entry.with_(chunks=(), chunklist=self.meta.put(CHUNKLIST, [[c, n] for c, n in entry.chunks]))
 
     def put_object(
         self,
@@ -597,17 +549,22 @@ class Engine:
         check_path(path)
         self.head(repo, branch)
         with self.chunks.session() as session:
-            chunks, md5 = self.ingest_stream(stream, session)
-        entry = self.make_file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
+            chunks, md5 = ingest_stream(stream, session)
+        entry = file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
         self.stage(repo, branch, {path: entry})
-        return entry
+        return self.normalize(entry)
 
     def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
         """Stage entries (``None`` deletes) whose chunks are already stored."""
         for path in changes:
             check_path(path)
         self._require_chunks(changes.values())
-        self.catalog.stage(repo, branch, [(p, e.encode() if e is not None else None) for p, e in changes.items()])
+        self.catalog.stage(
+            repo, branch, [(p, e.encode() if e is not None else None) for p, e in self._normalized(changes).items()]
+        )
+
+    def _normalized(self, changes: Mapping[str, Entry | None]) -> dict[str, Entry | None]:
+        return {path: self.normalize(entry) for path, entry in changes.items()}
 
     def delete_object(self, repo: str, branch: str, path: str) -> None:
         view = self.resolve(repo, branch)
@@ -621,7 +578,26 @@ class Engine:
         self.head(repo, branch)
         self.catalog.discard_staging(repo, branch)
 
-    # -- statistics ----------------------------------------------------------
+    # -- chunk exchange ------------------------------------------------------
+    def missing_chunks(self, ids: Sequence[bytes]) -> list[bytes]:
+        return self.chunks.missing(ids)
+
+    def receive_pack(self, data: bytes) -> tuple[int, int]:
+        return self.chunks.receive_pack(data)
+
+    def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        return self.chunks.frames(ids)
+
+    def chunk_sink(self) -> PackSession:
+        return self.chunks.session()
+
+    # -- administration ------------------------------------------------------
+    def fsck(self, deep: bool = True, progress: Progress | None = None) -> dict:
+        return maintenance.fsck(self, deep, progress).describe()
+
+    def gc(self, grace: float | None = None, dry_run: bool = False, progress: Progress | None = None) -> dict:
+        return maintenance.gc(self, grace, dry_run, progress).describe()
+
     def stats(self) -> dict:
         s = self.catalog.stats()
         logical = 0

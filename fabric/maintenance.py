@@ -9,13 +9,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from . import packs
-from .engine import Engine
 from .errors import Corruption, FabricError, NotFound, ObjectNotFound
 from .metastore import CHUNKLIST, COMMIT, METARANGE, PREFIX, RANGE, decode_object, object_key
 from .model import FILE, Entry
 from .progress import Progress
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 #: Repack a pack when less than this fraction of its bytes is still live.
 REPACK_BELOW = 0.5

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .engine import Engine
 from .errors import BadRequest, NotFound
+from .ingest import file_entry, ingest_stream
 from .model import DIR, FILE, SYMLINK, Commit, Entry
 from .paths import check_path
+from .plane import DataPlane
 from .progress import Progress
 
 WORKERS = min(8, (os.cpu_count() or 2) + 1)
@@ -88,6 +89,11 @@ def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Itera
                 skipped.append(rel)
 
 
+def same_file(a: Entry, b: Entry) -> bool:
+    """Same content and attributes (chunk lists may differ in form, not in bytes)."""
+    return (a.kind, a.size, a.mode, a.mtime_ns, a.md5) == (b.kind, b.size, b.mode, b.mtime_ns, b.md5)
+
+
 def _unchanged(item: LocalItem, old: Entry | None) -> bool:
     if old is None or old.kind != item.kind or old.mode != item.mode:
         return False
@@ -99,7 +105,7 @@ def _unchanged(item: LocalItem, old: Entry | None) -> bool:
 
 
 def import_directory(
-    engine: Engine,
+    plane: DataPlane,
     src: str,
     repo: str,
     branch: str,
@@ -121,14 +127,13 @@ def import_directory(
     if not os.path.isdir(src):
         raise BadRequest(f"{src!r} is not a directory")
     prefix = normalize_prefix(prefix)
-    head = engine.head(repo, branch)
-    tree = engine.get_commit(repo, head).tree
+    head = plane.resolve_commit(repo, branch)
     result = ImportResult(None)
     local = {item.path: item for item in walk(os.path.abspath(src), prefix, result.skipped)}
     for path in local:
         check_path(path)
     result.files = len(local)
-    existing = {p: Entry.decode(enc) for p, enc in engine.trees.iter_raw(tree, prefix=prefix)}
+    existing = dict(plane.walk(repo, head, prefix))
 
     changes: dict[str, Entry | None] = {}
     to_hash: list[LocalItem] = []
@@ -147,19 +152,20 @@ def import_directory(
             changes[path] = None
 
     progress.start(sum(i.size for i in to_hash), "B", "import")
-    with engine.chunks.session() as session:
+    session = plane.chunk_sink()
 
-        def ingest(item: LocalItem) -> tuple[str, Entry]:
-            with open(item.abspath, "rb", buffering=0) as f:
-                chunks, md5 = engine.ingest_stream(_Counting(f, progress), session)
-            return item.path, engine.make_file_entry(chunks, md5, item.mode, item.mtime_ns)
+    def ingest(item: LocalItem) -> tuple[str, Entry]:
+        with open(item.abspath, "rb", buffering=0) as f:
+            chunks, md5 = ingest_stream(_Counting(f, progress), session)
+        return item.path, file_entry(chunks, md5, item.mode, item.mtime_ns)
 
-        with ThreadPoolExecutor(WORKERS) as pool:
-            for path, entry in pool.map(ingest, sorted(to_hash, key=lambda i: i.path)):
-                old = existing.get(path)
-                if rehash and old is not None and old.encode() == entry.encode():
-                    continue
-                changes[path] = entry
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for path, entry in pool.map(ingest, sorted(to_hash, key=lambda i: i.path)):
+            old = existing.get(path)
+            if rehash and old is not None and same_file(old, entry):
+                continue
+            changes[path] = entry
+    session.close()
     progress.close()
     result.bytes_hashed = sum(i.size for i in to_hash)
     result.new_chunks, result.new_bytes, result.stored_bytes = session.new_chunks, session.new_bytes, session.stored_bytes
@@ -171,7 +177,7 @@ def import_directory(
         else:
             result.added += 1
     if changes:
-        result.commit = engine.commit_changes(repo, branch, changes, message, author=author, expected_head=head)
+        result.commit = plane.commit_changes(repo, branch, changes, message, author=author, expected_head=head)
     return result
 
 
@@ -197,22 +203,23 @@ class ExportResult:
 
 
 def export_tree(
-    engine: Engine,
+    plane: DataPlane,
     repo: str,
     ref: str,
     dest: str,
     prefix: str = "",
     progress: Progress | None = None,
 ) -> ExportResult:
-    """Write the files of ``repo@ref`` (under ``prefix``) into directory ``dest``.
+    """Write the files of the commit ``repo@ref`` points at (under ``prefix``) into ``dest``.
 
+    Committed data only: a branch's uncommitted changes are not exported.
     Existing files at the same paths are replaced; other files in ``dest`` are
     left alone. Modes and modification times are restored.
     """
     progress = progress or Progress()
     prefix = normalize_prefix(prefix)
-    view = engine.resolve(repo, ref)
-    items = [(p, Entry.decode(e)) for p, e in engine.iter_entries(view, prefix)]
+    commit = plane.resolve_commit(repo, ref)
+    items = list(plane.walk(repo, commit, prefix))
     if prefix and not items:
         raise NotFound(f"nothing under {prefix!r} in {repo}@{ref}")
     dest = os.path.abspath(dest)
@@ -234,7 +241,7 @@ def export_tree(
         else:
             tmp = target + ".fabric-tmp"
             with open(tmp, "wb") as f:
-                for piece in engine.read_entry(entry):
+                for piece in plane.open_file(repo, commit, path, entry):
                     f.write(piece)
                     progress.advance(len(piece))
             os.chmod(tmp, entry.mode)

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ..errors import FabricError
+from ..plane import DataPlane
 from ..progress import TqdmProgress
 
 DEFAULT_DATA = os.path.join(".fabric", "hub")
@@ -25,16 +26,16 @@ class Ctx:
     store: str | None
     json: bool
     quiet: bool
-    _engine: Any = field(default=None, repr=False)
+    _plane: Any = field(default=None, repr=False)
 
     @property
-    def engine(self):
-        """The engine of the local hub data directory, opened on first use."""
-        if self._engine is None:
+    def plane(self) -> DataPlane:
+        """The data plane commands act on: the local hub data directory, opened on first use."""
+        if self._plane is None:
             from ..engine import Engine
 
-            self._engine = Engine.open(self.data, self.db, self.store)
-        return self._engine
+            self._plane = Engine.open(self.data, self.db, self.store)
+        return self._plane
 
     def progress(self) -> TqdmProgress:
         return TqdmProgress(False if self.quiet else None)

@@ -6,8 +6,6 @@ import sys
 
 import click
 
-from ..maintenance import fsck as run_fsck
-from ..maintenance import gc as run_gc
 from .context import Ctx, handle_errors, human_size, pass_ctx
 
 
@@ -22,7 +20,7 @@ def fsck(ctx: Ctx, fast: bool) -> None:
     id; reads and hashes every chunk (unless --fast). Exits 6 when anything is
     missing or corrupt.
     """
-    report = run_fsck(ctx.engine, deep=not fast, progress=ctx.progress())
+    report = ctx.plane.fsck(deep=not fast, progress=ctx.progress())
 
     def human(r: dict) -> str:
         head = f"checked {r['commits']} commits, {r['objects']} objects, {r['chunks']} chunks"
@@ -30,8 +28,8 @@ def fsck(ctx: Ctx, fast: bool) -> None:
             return head + ": no problems"
         return head + f": {len(r['problems'])} problem(s)\n" + "\n".join(f"  {p}" for p in r["problems"])
 
-    ctx.emit(report.describe(), human)
-    if not report.ok:
+    ctx.emit(report, human)
+    if not report["ok"]:
         sys.exit(6)
 
 
@@ -42,10 +40,10 @@ def fsck(ctx: Ctx, fast: bool) -> None:
 @handle_errors
 def gc(ctx: Ctx, grace: float | None, dry_run: bool) -> None:
     """Remove chunks, packs and metadata that no ref, commit or staged entry reaches."""
-    report = run_gc(ctx.engine, grace, dry_run, progress=ctx.progress())
+    report = ctx.plane.gc(grace, dry_run, progress=ctx.progress())
     verb = "would remove" if dry_run else "removed"
     ctx.emit(
-        report.describe(),
+        report,
         lambda r: f"{verb} {r['chunks_deleted']} chunks, {r['packs_deleted']} packs, {r['objects_deleted']} objects; "
         f"rewrote {r['packs_rewritten']} packs; {human_size(r['bytes_freed'])} freed",
     )
@@ -56,7 +54,7 @@ def gc(ctx: Ctx, grace: float | None, dry_run: bool) -> None:
 @handle_errors
 def stats(ctx: Ctx) -> None:
     """Show storage statistics (logical bytes, stored bytes, dedup)."""
-    s = ctx.engine.stats()
+    s = ctx.plane.stats()
     ctx.emit(s, lambda d: "\n".join(f"{k}: {v}" for k, v in d.items()))
 
 

@@ -14,7 +14,7 @@ from .transfer_cmd import repo_branch
 
 def repo_ref(ctx: Ctx, spec: str) -> tuple[str, str]:
     repo, ref = split_repo_ref(spec)
-    return repo, ref or ctx.engine.get_repo(repo)["default_branch"]
+    return repo, ref or ctx.plane.get_repo(repo)["default_branch"]
 
 
 @click.command("ls")
@@ -33,7 +33,7 @@ def ls(ctx: Ctx, source: str, path: str, recursive: bool, after: str, limit: int
     page_after = after
     while True:
         want = min(1000, limit - len(rows)) if limit else 1000
-        page = ctx.engine.list(repo, ref, prefix, "" if recursive else "/", page_after, want)
+        page = ctx.plane.list(repo, ref, prefix, "" if recursive else "/", page_after, want)
         rows.extend({"path": p, "type": "dir"} for p in page.prefixes)
         rows.extend({"path": p, **e.describe()} for p, e in page.entries)
         if page.next_after is None or (limit and len(rows) >= limit):
@@ -63,9 +63,8 @@ def ls(ctx: Ctx, source: str, path: str, recursive: bool, after: str, limit: int
 def cat(ctx: Ctx, source: str, path: str) -> None:
     """Write the content of file PATH at REPO@REF to standard output."""
     repo, ref = repo_ref(ctx, source)
-    entry = ctx.engine.stat(repo, ref, path)
     out = sys.stdout.buffer
-    for piece in ctx.engine.read_entry(entry):
+    for piece in ctx.plane.read_stream(repo, ref, path):
         out.write(piece)
     out.flush()
 
@@ -78,7 +77,7 @@ def cat(ctx: Ctx, source: str, path: str) -> None:
 def stat(ctx: Ctx, source: str, path: str) -> None:
     """Show the entry of PATH at REPO@REF (type, size, mode, mtime, ETag)."""
     repo, ref = repo_ref(ctx, source)
-    info = {"path": path, **ctx.engine.stat(repo, ref, path).describe()}
+    info = {"path": path, **ctx.plane.stat(repo, ref, path).describe()}
     ctx.emit(info, lambda d: "\n".join(f"{k}: {v}" for k, v in d.items()))
 
 
@@ -91,7 +90,7 @@ def stat(ctx: Ctx, source: str, path: str) -> None:
 def put(ctx: Ctx, target: str, path: str, file) -> None:
     """Upload FILE ('-' for stdin) to PATH on a branch (uncommitted until `fabric commit`)."""
     repo, branch = repo_branch(target)
-    entry = ctx.engine.put_object(repo, branch, path, file)
+    entry = ctx.plane.put_object(repo, branch, path, file)
     ctx.emit({"path": path, **entry.describe()}, f"staged {path} ({human_size(entry.size)})")
 
 
@@ -104,7 +103,7 @@ def rm(ctx: Ctx, target: str, paths: tuple[str, ...]) -> None:
     """Delete PATHS on a branch (uncommitted until `fabric commit`)."""
     repo, branch = repo_branch(target)
     for path in paths:
-        ctx.engine.delete_object(repo, branch, path)
+        ctx.plane.delete_object(repo, branch, path)
     ctx.emit({"deleted": list(paths)}, f"staged deletion of {len(paths)} path(s)")
 
 
@@ -115,7 +114,7 @@ def rm(ctx: Ctx, target: str, paths: tuple[str, ...]) -> None:
 def status(ctx: Ctx, target: str) -> None:
     """Show the uncommitted changes of a branch."""
     repo, branch = repo_branch(target)
-    changes = [c.describe() for c in ctx.engine.uncommitted(repo, branch)]
+    changes = [c.describe() for c in ctx.plane.uncommitted(repo, branch)]
     ctx.emit(changes, lambda cs: "\n".join(f"{c['type'][0].upper()} {c['path']}" for c in cs) or "nothing to commit")
 
 

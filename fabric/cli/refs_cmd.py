@@ -29,7 +29,7 @@ def commit(ctx: Ctx, target: str, message: str, meta: tuple[str, ...], expect_he
     """Commit the uncommitted changes of a branch. Prints the new commit id."""
     repo, branch = repo_branch(target)
     metadata = dict(_kv(m) for m in meta)
-    c = ctx.engine.commit(repo, branch, message, author, metadata, expect_head, allow_empty)
+    c = ctx.plane.commit(repo, branch, message, author, metadata, expect_head, allow_empty)
     ctx.emit(c.describe(), c.id)
 
 
@@ -50,7 +50,7 @@ def _kv(text: str) -> tuple[str, str]:
 def log(ctx: Ctx, source: str, path: str | None, limit: int, after: str | None) -> None:
     """Show the history of REPO@REF, newest first."""
     repo, ref = repo_ref(ctx, source)
-    commits = [c.describe() for c in ctx.engine.log(repo, ref, path, limit, after)]
+    commits = [c.describe() for c in ctx.plane.log(repo, ref, path, limit, after)]
     ctx.emit(commits, lambda cs: "\n".join(_commit_line(c) for c in cs))
 
 
@@ -63,7 +63,7 @@ def log(ctx: Ctx, source: str, path: str | None, limit: int, after: str | None) 
 @handle_errors
 def diff(ctx: Ctx, repo: str, left: str, right: str, prefix: str) -> None:
     """Show the paths that differ between refs LEFT and RIGHT of REPO."""
-    changes = [c.describe() for c in ctx.engine.diff(repo, left, right, prefix)]
+    changes = [c.describe() for c in ctx.plane.diff(repo, left, right, prefix)]
     marks = {"added": "+", "removed": "-", "changed": "~"}
     ctx.emit(changes, lambda cs: "\n".join(f"{marks[c['type']]} {c['path']}" for c in cs))
 
@@ -78,7 +78,7 @@ def diff(ctx: Ctx, repo: str, left: str, right: str, prefix: str) -> None:
 @handle_errors
 def merge(ctx: Ctx, repo: str, source: str, dest: str, strategy: str | None, message: str | None) -> None:
     """Merge ref SOURCE into branch DEST (three-way, per file). Prints the merge commit id."""
-    c = ctx.engine.merge(repo, source, dest, strategy, message)
+    c = ctx.plane.merge(repo, source, dest, strategy, message)
     ctx.emit(c.describe(), c.id)
 
 
@@ -91,7 +91,7 @@ def merge(ctx: Ctx, repo: str, source: str, dest: str, strategy: str | None, mes
 def revert(ctx: Ctx, target: str, commit_ref: str, parent: int) -> None:
     """Commit the inverse of COMMIT's changes on a branch."""
     repo, branch = repo_branch(target)
-    c = ctx.engine.revert(repo, branch, commit_ref, parent)
+    c = ctx.plane.revert(repo, branch, commit_ref, parent)
     ctx.emit(c.describe(), c.id)
 
 
@@ -108,7 +108,7 @@ def branch() -> None:
 @handle_errors
 def branch_create(ctx: Ctx, repo: str, name: str, source: str) -> None:
     """Create branch NAME of REPO at REF."""
-    info = ctx.engine.create_branch(repo, name, source)
+    info = ctx.plane.create_branch(repo, name, source)
     ctx.emit(info, f"created branch {name} at {info['commit_id'][:12]}")
 
 
@@ -118,7 +118,7 @@ def branch_create(ctx: Ctx, repo: str, name: str, source: str) -> None:
 @handle_errors
 def branch_list(ctx: Ctx, repo: str) -> None:
     """List the branches of REPO."""
-    ctx.emit(ctx.engine.list_branches(repo), lambda bs: "\n".join(f"{b['name']}\t{b['commit_id'][:12]}" for b in bs))
+    ctx.emit(ctx.plane.list_branches(repo), lambda bs: "\n".join(f"{b['name']}\t{b['commit_id'][:12]}" for b in bs))
 
 
 @branch.command("delete")
@@ -128,7 +128,7 @@ def branch_list(ctx: Ctx, repo: str) -> None:
 @handle_errors
 def branch_delete(ctx: Ctx, repo: str, name: str) -> None:
     """Delete branch NAME (and its uncommitted changes)."""
-    ctx.engine.delete_branch(repo, name)
+    ctx.plane.delete_branch(repo, name)
     ctx.emit({"deleted": name}, f"deleted branch {name}")
 
 
@@ -140,7 +140,7 @@ def branch_delete(ctx: Ctx, repo: str, name: str) -> None:
 @handle_errors
 def branch_reset(ctx: Ctx, repo: str, name: str, ref: str) -> None:
     """Point branch NAME at REF and discard its uncommitted changes."""
-    info = ctx.engine.reset_branch(repo, name, ref)
+    info = ctx.plane.reset_branch(repo, name, ref)
     ctx.emit(info, f"branch {name} is now at {info['commit_id'][:12]}")
 
 
@@ -157,7 +157,7 @@ def tag() -> None:
 @handle_errors
 def tag_create(ctx: Ctx, repo: str, name: str, ref: str) -> None:
     """Create tag NAME of REPO pointing at REF."""
-    info = ctx.engine.create_tag(repo, name, ref)
+    info = ctx.plane.create_tag(repo, name, ref)
     ctx.emit(info, f"created tag {name} at {info['commit_id'][:12]}")
 
 
@@ -167,7 +167,7 @@ def tag_create(ctx: Ctx, repo: str, name: str, ref: str) -> None:
 @handle_errors
 def tag_list(ctx: Ctx, repo: str) -> None:
     """List the tags of REPO."""
-    ctx.emit(ctx.engine.list_tags(repo), lambda ts: "\n".join(f"{t['name']}\t{t['commit_id'][:12]}" for t in ts))
+    ctx.emit(ctx.plane.list_tags(repo), lambda ts: "\n".join(f"{t['name']}\t{t['commit_id'][:12]}" for t in ts))
 
 
 @tag.command("delete")
@@ -177,7 +177,7 @@ def tag_list(ctx: Ctx, repo: str) -> None:
 @handle_errors
 def tag_delete(ctx: Ctx, repo: str, name: str) -> None:
     """Delete tag NAME."""
-    ctx.engine.delete_tag(repo, name)
+    ctx.plane.delete_tag(repo, name)
     ctx.emit({"deleted": name}, f"deleted tag {name}")
 
 

@@ -21,7 +21,7 @@ def repo() -> None:
 @handle_errors
 def create(ctx: Ctx, name: str, default_branch: str) -> None:
     """Create repository NAME (3-63 of a-z, 0-9 and '-') with an empty first commit."""
-    info = ctx.engine.create_repo(name, default_branch)
+    info = ctx.plane.create_repo(name, default_branch)
     ctx.emit(info, f"created repository {name} (default branch {default_branch})")
 
 
@@ -30,7 +30,7 @@ def create(ctx: Ctx, name: str, default_branch: str) -> None:
 @handle_errors
 def list_(ctx: Ctx) -> None:
     """List repositories."""
-    repos = ctx.engine.list_repos()
+    repos = ctx.plane.list_repos()
     ctx.emit(repos, lambda rs: "\n".join(f"{r['name']}\t{r['default_branch']}\t{time.strftime('%Y-%m-%d %H:%M', time.localtime(r['created']))}" for r in rs))
 
 
@@ -44,10 +44,10 @@ def delete(ctx: Ctx, name: str, yes: bool) -> None:
 
     The data becomes garbage that `fabric gc` reclaims after its grace period.
     """
-    ctx.engine.get_repo(name)
+    ctx.plane.get_repo(name)
     if not yes and not ctx.json:
         click.confirm(f"Delete repository {name!r} and all its history?", abort=True)
-    ctx.engine.delete_repo(name)
+    ctx.plane.delete_repo(name)
     ctx.emit({"deleted": name}, f"deleted repository {name}")
 
 

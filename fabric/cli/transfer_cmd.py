@@ -35,7 +35,7 @@ def import_(ctx: Ctx, src: str, target: str, message: str, prefix: str, no_delet
     """
     repo, branch = repo_branch(target)
     result = import_directory(
-        ctx.engine, src, repo, branch, message, prefix=prefix, delete=not no_delete, rehash=rehash,
+        ctx.plane, src, repo, branch, message, prefix=prefix, delete=not no_delete, rehash=rehash,
         author=author, progress=ctx.progress(),
     )
     for path in result.skipped:
@@ -65,8 +65,8 @@ def export(ctx: Ctx, source: str, dest: str, prefix: str) -> None:
     """Write the files of REPO@REF into directory DEST (modes and mtimes kept)."""
     repo, ref = split_repo_ref(source, None)
     if ref is None:
-        ref = ctx.engine.get_repo(repo)["default_branch"]
-    result = export_tree(ctx.engine, repo, ref, dest, prefix=prefix, progress=ctx.progress())
+        ref = ctx.plane.get_repo(repo)["default_branch"]
+    result = export_tree(ctx.plane, repo, ref, dest, prefix=prefix, progress=ctx.progress())
     ctx.emit(result.__dict__, lambda r: f"exported {r['files']} files ({human_size(r['bytes'])}) to {dest}")
 
 

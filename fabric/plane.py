@@ -1,0 +1,198 @@
+"""The data plane: the one interface between storage and every protocol.
+
+REST, S3, FUSE, fsspec and the CLI are written against :class:`DataPlane`.
+The hub implements it with the versioning engine (:class:`fabric.engine.Engine`),
+a client implements it over HTTP (:class:`fabric.client.HttpPlane`), and a
+spoke implements it as a cache in front of a hub. Errors are the
+:mod:`fabric.errors` hierarchy on every implementation.
+
+Refs are expressions (``main``, ``v1``, a commit id or prefix, ``main~2``).
+Reads at a branch see its uncommitted changes; reads at a tag or commit see
+committed data only.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping, Sequence
+from typing import BinaryIO
+
+from .ingest import ChunkSink
+from .listing import Change, Listing
+from .model import Commit, Entry
+from .progress import Progress
+
+
+class DataPlane(abc.ABC):
+    # -- repositories --------------------------------------------------------
+    @abc.abstractmethod
+    def create_repo(self, name: str, default_branch: str = "main") -> dict:
+        """Create a repository with one empty commit on its default branch. Conflict if it exists."""
+
+    @abc.abstractmethod
+    def get_repo(self, name: str) -> dict:
+        """``{name, default_branch, created}``; NotFound if absent."""
+
+    @abc.abstractmethod
+    def list_repos(self) -> list[dict]: ...
+
+    @abc.abstractmethod
+    def delete_repo(self, name: str) -> None: ...
+
+    # -- refs ----------------------------------------------------------------
+    @abc.abstractmethod
+    def resolve_commit(self, repo: str, ref: str) -> str:
+        """The commit id a ref expression points at now."""
+
+    @abc.abstractmethod
+    def list_branches(self, repo: str) -> list[dict]: ...
+
+    @abc.abstractmethod
+    def create_branch(self, repo: str, name: str, source: str) -> dict: ...
+
+    @abc.abstractmethod
+    def delete_branch(self, repo: str, name: str) -> None: ...
+
+    @abc.abstractmethod
+    def reset_branch(self, repo: str, name: str, ref: str) -> dict:
+        """Point a branch at ``ref`` and drop its uncommitted changes."""
+
+    @abc.abstractmethod
+    def list_tags(self, repo: str) -> list[dict]: ...
+
+    @abc.abstractmethod
+    def create_tag(self, repo: str, name: str, ref: str) -> dict: ...
+
+    @abc.abstractmethod
+    def delete_tag(self, repo: str, name: str) -> None: ...
+
+    # -- commits -------------------------------------------------------------
+    @abc.abstractmethod
+    def get_commit(self, repo: str, commit_id: str) -> Commit: ...
+
+    @abc.abstractmethod
+    def log(self, repo: str, ref: str, path: str | None = None, limit: int = 100, after: str | None = None) -> list[Commit]:
+        """Newest first; ``path`` keeps commits that changed it; ``after`` continues a page."""
+
+    @abc.abstractmethod
+    def commit(
+        self,
+        repo: str,
+        branch: str,
+        message: str,
+        author: str | None = None,
+        meta: Mapping[str, str] | None = None,
+        expected_head: str | None = None,
+        allow_empty: bool = False,
+    ) -> Commit:
+        """Fold the branch's staging into a commit; Conflict if the head is not ``expected_head``."""
+
+    @abc.abstractmethod
+    def commit_changes(
+        self,
+        repo: str,
+        branch: str,
+        changes: Mapping[str, Entry | None],
+        message: str,
+        author: str | None = None,
+        meta: Mapping[str, str] | None = None,
+        expected_head: str | None = None,
+        allow_empty: bool = False,
+    ) -> Commit:
+        """Commit explicit entries (``None`` deletes) whose chunks are stored, bypassing staging."""
+
+    @abc.abstractmethod
+    def diff(self, repo: str, left: str, right: str, prefix: str = "") -> Iterator[Change]: ...
+
+    @abc.abstractmethod
+    def uncommitted(self, repo: str, branch: str, prefix: str = "") -> Iterator[Change]: ...
+
+    @abc.abstractmethod
+    def merge(
+        self, repo: str, source: str, dest: str, strategy: str | None = None, message: str | None = None, author: str | None = None
+    ) -> Commit:
+        """Three-way merge into branch ``dest``; MergeConflict lists conflicting paths."""
+
+    @abc.abstractmethod
+    def revert(self, repo: str, branch: str, commit_ref: str, parent: int = 1, author: str | None = None) -> Commit: ...
+
+    # -- objects -------------------------------------------------------------
+    @abc.abstractmethod
+    def stat(self, repo: str, ref: str, path: str) -> Entry: ...
+
+    @abc.abstractmethod
+    def list(self, repo: str, ref: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> Listing:
+        """One page of paths under ``prefix`` (S3-style grouping with ``delimiter='/'``)."""
+
+    def walk(self, repo: str, ref: str, prefix: str = "") -> Iterator[tuple[str, Entry]]:
+        """Every path under ``prefix``, all pages."""
+        after = ""
+        while True:
+            page = self.list(repo, ref, prefix, "", after, 1000)
+            yield from page.entries
+            if page.next_after is None:
+                return
+            after = page.next_after
+
+    @abc.abstractmethod
+    def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
+        """The bytes of a file, streamed; RangeNotSatisfiable outside the file."""
+
+    def open_file(self, repo: str, ref: str, path: str, entry: Entry | None = None) -> Iterator[bytes]:
+        """Stream a whole file; ``entry`` (from :meth:`walk` at the same ref) may spare a lookup."""
+        return self.read_stream(repo, ref, path)
+
+    def read(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        return b"".join(self.read_stream(repo, ref, path, offset, length))
+
+    @abc.abstractmethod
+    def put_object(
+        self,
+        repo: str,
+        branch: str,
+        path: str,
+        stream: BinaryIO,
+        mode: int = 0o644,
+        mtime_ns: int | None = None,
+        meta: Mapping[str, str] | None = None,
+    ) -> Entry:
+        """Store a stream as a file on a branch (uncommitted, visible to branch reads at once)."""
+
+    @abc.abstractmethod
+    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
+        """Stage entries whose chunks are stored (``None`` deletes)."""
+
+    @abc.abstractmethod
+    def delete_object(self, repo: str, branch: str, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def discard(self, repo: str, branch: str) -> None:
+        """Drop a branch's uncommitted changes."""
+
+    # -- chunk exchange ------------------------------------------------------
+    @abc.abstractmethod
+    def missing_chunks(self, ids: Sequence[bytes]) -> list[bytes]: ...
+
+    @abc.abstractmethod
+    def receive_pack(self, data: bytes) -> tuple[int, int]:
+        """Verify and store a pack of frames: ``(chunks, new chunks)``; refused whole if any frame is bad."""
+
+    @abc.abstractmethod
+    def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        """``(id, frame)`` for each id, checksum-verified."""
+
+    @abc.abstractmethod
+    def chunk_sink(self) -> ChunkSink:
+        """Where an importer sends new chunks (close it before committing)."""
+
+    # -- administration ------------------------------------------------------
+    @abc.abstractmethod
+    def stats(self) -> dict: ...
+
+    @abc.abstractmethod
+    def fsck(self, deep: bool = True, progress: Progress | None = None) -> dict:
+        """Verify everything reachable; ``{"ok", "problems", ...}``."""
+
+    @abc.abstractmethod
+    def gc(self, grace: float | None = None, dry_run: bool = False, progress: Progress | None = None) -> dict:
+        """Remove what no ref reaches, keeping anything younger than ``grace`` seconds."""
