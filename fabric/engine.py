@@ -469,6 +469,10 @@ class Engine(DataPlane):
         out = Listing()
         last = after
         start = after + "\x00" if after else ""
+        rest_after = after[len(prefix) :] if delimiter and after.startswith(prefix) else ""
+        if rest_after and rest_after.find(delimiter) == len(rest_after) - 1:
+            # ``after`` is a common prefix from an earlier page: skip everything under it.
+            start = after[:-1] + chr(ord(delimiter) + 1)
         while True:
             grouped = False
             for path, enc in self.iter_entries(view, prefix, start):
@@ -523,10 +527,12 @@ class Engine(DataPlane):
             raise BadRequest(f"{path!r} in {repo}@{ref} is a {entry.kind}, not a file")
         return self.read_entry(entry, offset, length)
 
-    def open_file(self, repo: str, ref: str, path: str, entry: Entry | None = None) -> Iterator[bytes]:
+    def open_file(
+        self, repo: str, ref: str, path: str, entry: Entry | None = None, offset: int = 0, length: int | None = None
+    ) -> Iterator[bytes]:
         if entry is not None and entry.kind == FILE:
-            return self.read_entry(entry)
-        return self.read_stream(repo, ref, path)
+            return self.read_entry(entry, offset, length)
+        return self.read_stream(repo, ref, path, offset, length)
 
     # -- objects: writing ----------------------------------------------------
     def normalize(self, entry: Entry | None) -> Entry | None:
@@ -567,6 +573,7 @@ class Engine(DataPlane):
         return {path: self.normalize(entry) for path, entry in changes.items()}
 
     def delete_object(self, repo: str, branch: str, path: str) -> None:
+        check_path(path)
         view = self.resolve(repo, branch)
         if view.branch is None:
             raise BadRequest(f"{branch!r} is not a branch; objects can only be deleted on a branch")

@@ -19,7 +19,7 @@ import threading
 import xxhash
 import zstandard
 
-from .chunking import chunk_id
+from .chunking import MAX_CHUNK, chunk_id
 from .errors import Corruption
 
 RAW = 0
@@ -73,8 +73,13 @@ def decode(frame: bytes | memoryview, expected_id: bytes | None = None) -> bytes
         raise Corruption(_describe("checksum mismatch", expected_id))
     kind, raw_len, _ = HEADER.unpack_from(frame)
     payload = memoryview(frame)[HEADER_LEN:]
+    if raw_len > MAX_CHUNK:
+        # No chunk is larger; refusing here keeps a crafted frame from inflating to gigabytes.
+        raise Corruption(_describe(f"frame claims {raw_len} bytes, more than a chunk can hold", expected_id))
     if kind == ZSTD:
         try:
+            if zstandard.frame_content_size(payload) not in (-1, raw_len):
+                raise Corruption(_describe("length mismatch", expected_id))
             raw = _decompressor().decompress(payload, max_output_size=raw_len)
         except zstandard.ZstdError as exc:
             raise Corruption(_describe(f"undecodable payload ({exc})", expected_id)) from exc

@@ -138,9 +138,12 @@ class DataPlane(abc.ABC):
     def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
         """The bytes of a file, streamed; RangeNotSatisfiable outside the file."""
 
-    def open_file(self, repo: str, ref: str, path: str, entry: Entry | None = None) -> Iterator[bytes]:
-        """Stream a whole file; ``entry`` (from :meth:`walk` at the same ref) may spare a lookup."""
-        return self.read_stream(repo, ref, path)
+    def open_file(
+        self, repo: str, ref: str, path: str, entry: Entry | None = None, offset: int = 0, length: int | None = None
+    ) -> Iterator[bytes]:
+        """Like :meth:`read_stream`; ``entry`` (from :meth:`stat`/:meth:`walk` at the same
+        ref) pins the version read and may spare a lookup."""
+        return self.read_stream(repo, ref, path, offset, length)
 
     def read(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> bytes:
         return b"".join(self.read_stream(repo, ref, path, offset, length))

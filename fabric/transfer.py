@@ -139,7 +139,7 @@ def import_directory(
     to_hash: list[LocalItem] = []
     for path, item in local.items():
         old = existing.get(path)
-        if not rehash and _unchanged(item, old):
+        if _unchanged(item, old) and not (rehash and item.kind == FILE):  # rehash re-reads files only
             continue
         if item.kind == FILE:
             to_hash.append(item)
@@ -239,7 +239,8 @@ def export_tree(
             os.symlink(entry.target, target)
             return
         else:
-            tmp = target + ".fabric-tmp"
+            # Not target + suffix: that exceeds NAME_MAX (255 bytes) for long names.
+            tmp = os.path.join(os.path.dirname(target), f".fabric-tmp-{os.urandom(6).hex()}")
             with open(tmp, "wb") as f:
                 for piece in plane.open_file(repo, commit, path, entry):
                     f.write(piece)

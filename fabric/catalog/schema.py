@@ -57,5 +57,19 @@ CREATE TABLE IF NOT EXISTS ref_events (
     old_commit TEXT,
     new_commit TEXT,
     time REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    secret_hash TEXT NOT NULL,
+    name TEXT NOT NULL,
+    admin INTEGER NOT NULL,
+    created REAL NOT NULL,
+    revoked REAL
+);
+CREATE TABLE IF NOT EXISTS token_roles (
+    token_id TEXT NOT NULL,
+    repo TEXT NOT NULL,
+    role TEXT NOT NULL,
+    PRIMARY KEY (token_id, repo)
 )
 """

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from .. import __version__
@@ -45,6 +47,12 @@ def cli(ctx: click.Context, data: str, db: str | None, store: str | None, as_jso
 
 for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd):
     module.register(cli)
+
+#: Service packages add their commands (``fabric hub``, ``fabric spoke``, ...)
+#: by name, so the core library never imports a service.
+SERVICE_COMMANDS = ("hub.cli",)
+for name in SERVICE_COMMANDS:
+    importlib.import_module(name).register(cli)
 
 
 def main() -> None:

@@ -1,0 +1,161 @@
+"""Shared helpers of the benchmarks: timed subprocesses, directory sizes, medians, environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MB = 1_000_000  # throughput is quoted in MB/s (10^6 bytes), sizes in MiB where said
+
+
+@dataclass
+class Timed:
+    """One finished command: wall and CPU seconds, peak RSS, exit code, output."""
+
+    cmd: list[str]
+    wall: float
+    user: float
+    sys: float
+    maxrss_kib: int
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def cpu(self) -> float:
+        return self.user + self.sys
+
+
+def fabric_cmd(python: str) -> list[str]:
+    return [python, "-m", "fabric.cli.main"]
+
+
+def fabric_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("FABRIC_AUTHOR", "bench")
+    return env
+
+
+def run_timed(cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None, sync: bool = True,
+              check: bool = True) -> Timed:
+    """Run ``cmd`` to completion; wall time from fork to reap, CPU from the kernel's rusage.
+
+    ``sync`` flushes dirty pages first (untimed) so one run's write-back does
+    not land in the next run's timing.
+    """
+    if sync:
+        os.sync()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        t = Timed(cmd, wall, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, p.returncode,
+                  out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+    if check and t.rc != 0:
+        raise SystemExit(f"command failed (exit {t.rc}): {shlex.join(cmd)}\n{t.stderr[-4000:]}{t.stdout[-2000:]}")
+    return t
+
+
+def run(cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> str:
+    """An untimed setup command; its stdout."""
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"command failed (exit {p.returncode}): {shlex.join(cmd)}\n{p.stderr[-4000:]}")
+    return p.stdout
+
+
+def dir_size(path: str) -> dict[str, int]:
+    """Apparent bytes (sum of st_size, as ``du -sb``) and allocated bytes (``du -s``) of a tree."""
+    apparent = allocated = files = 0
+    for dirpath, dirnames, names in os.walk(path):
+        for n in names + dirnames:
+            st = os.lstat(os.path.join(dirpath, n))
+            allocated += st.st_blocks * 512
+            if n in names:
+                apparent += st.st_size
+                files += 1
+    return {"apparent": apparent, "allocated": allocated, "files": files}
+
+
+def remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def spread(xs: list[float]) -> str:
+    """``median (min..max)`` for a list of seconds or rates."""
+    return f"{median(xs):.2f} ({min(xs):.2f}..{max(xs):.2f})"
+
+
+def machine() -> dict:
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host_cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as f:
+            info["mem_gib"] = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    try:
+        info["fabric_commit"] = subprocess.run(
+            ["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", REPO_ROOT, "status", "--porcelain", "--untracked-files=no", "--", "fabric"],
+            capture_output=True, text=True,
+        ).stdout.strip()
+        if dirty:
+            info["fabric_commit"] += " (+ uncommitted changes under fabric/)"
+    except OSError:
+        pass
+    if shutil.which("restic"):
+        info["restic"] = run(["restic", "version"]).strip()
+    return info
+
+
+def save_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+
+
+def last_json_line(text: str, key: str | None = None, value: str | None = None) -> dict:
+    """The last line of ``text`` that parses as a JSON object (optionally with ``key == value``)."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if key is None or obj.get(key) == value:
+            return obj
+    raise SystemExit(f"no JSON result in output:\n{text[-2000:]}")

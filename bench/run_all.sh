@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Run every benchmark of bench/ and print the figures (markdown) on stdout.
+#
+#   bash bench/run_all.sh                 # full size: 1.25 GiB v1/v2, 100,000-file tree, 3 rounds + 1 warm-up
+#   bash bench/run_all.sh --quick         # 1/10 data set, 5,000-file tree, 1 round, no warm-up (smoke test)
+#   bash bench/run_all.sh --runs 5        # more counted rounds
+#   bash bench/run_all.sh --only ingest   # or: --only commit
+#
+# Environment: PYTHON (interpreter with fabric's dependencies; default: python3
+# on PATH, which `make bench` points at .venv), SEED (data set seed, default 1).
+# Data sets are generated once under bench/work/data/ (gitignored) and reused;
+# throwaway stores go to bench/work/stores/; figures (JSON + markdown) to
+# bench/work/results/<timestamp>/. restic must be on PATH for the ingest benchmark.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+work="$here/work"
+PYTHON="${PYTHON:-python3}"
+SEED="${SEED:-1}"
+quick=0
+runs=""
+warmup=""
+only=""
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --runs) runs="$2"; shift ;;
+    --warmup) warmup="$2"; shift ;;
+    --only) only="$2"; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "run_all.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if ! "$PYTHON" -c 'import blake3, pyfastcdc, zstandard, xxhash, click' 2>/dev/null; then
+  echo "run_all.sh: $PYTHON lacks fabric's dependencies; set PYTHON=/path/to/venv/bin/python (or run make bench)" >&2
+  exit 2
+fi
+
+if [ "$quick" = 1 ]; then
+  vargs=(--quick); vdir="$work/data/versions-quick-s$SEED"
+  tfiles=5000; tdir="$work/data/tree-5k-s$SEED"
+  runs="${runs:-1}"; warmup="${warmup:-0}"
+else
+  vargs=(); vdir="$work/data/versions-s$SEED"
+  tfiles=100000; tdir="$work/data/tree-100k-s$SEED"
+  runs="${runs:-3}"; warmup="${warmup:-1}"
+fi
+
+stamp="$(date +%Y%m%d-%H%M%S)"
+out="$work/results/$stamp$([ "$quick" = 1 ] && echo -quick || true)"
+mkdir -p "$out" "$work/stores"
+cd "$root"
+
+echo "# fabric benchmarks, $(date '+%Y-%m-%d %H:%M %Z')" | tee "$out/report.md"
+{
+  echo
+  echo "- machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -sr)"
+  echo "- python: $("$PYTHON" -V 2>&1) ($PYTHON); fabric at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
+  command -v restic >/dev/null && echo "- $(restic version)"
+  echo "- mode: $([ "$quick" = 1 ] && echo quick || echo full), $runs counted round(s) after $warmup warm-up round(s), seed $SEED"
+  echo "- command: bash bench/run_all.sh $([ "$quick" = 1 ] && echo --quick || true)"
+  echo
+} | tee -a "$out/report.md"
+
+if [ -z "$only" ] || [ "$only" = ingest ]; then
+  if ! command -v restic >/dev/null; then
+    echo "run_all.sh: restic is not on PATH; skipping the ingest benchmark" >&2
+  else
+    "$PYTHON" "$here/gen_dataset.py" versions --out "$vdir" --seed "$SEED" "${vargs[@]}"
+    "$PYTHON" "$here/bench_ingest.py" --dataset "$vdir" --work "$work/stores" --runs "$runs" --warmup "$warmup" \
+      --python "$PYTHON" --json-out "$out/ingest.json" --md-out "$out/ingest.md" >/dev/null
+    { echo "## Ingest (fabric import vs restic backup)"; echo; cat "$out/ingest.md"; echo; } | tee -a "$out/report.md"
+  fi
+fi
+
+if [ -z "$only" ] || [ "$only" = commit ]; then
+  "$PYTHON" "$here/gen_dataset.py" tree --out "$tdir" --seed "$SEED" --files "$tfiles"
+  "$PYTHON" "$here/bench_commit.py" --tree "$tdir" --work "$work/stores" --runs "$runs" --warmup "$warmup" \
+    --seed "$SEED" --python "$PYTHON" --json-out "$out/commit.json" --md-out "$out/commit.md" >/dev/null
+  { echo "## Commit (initial commit vs 10 changed files)"; echo; cat "$out/commit.md"; echo; } | tee -a "$out/report.md"
+fi
+
+echo "figures: $out/" >&2

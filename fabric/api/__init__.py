@@ -1,0 +1,1 @@
+"""Protocol frontends served by both the hub and the spoke over any data plane."""

@@ -1,0 +1,74 @@
+"""``fabric hub``: run a hub service."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from fabric.auth import TokenStore, write_bootstrap_token
+from fabric.catalog.db import redact
+from fabric.cli.context import handle_errors
+from fabric.engine import Engine
+from fabric.net import parse_listen
+
+log = logging.getLogger("fabric.hub")
+
+
+@click.command("hub")
+@click.option("--data", "data_dir", required=True, metavar="DIR", help="Data directory (catalog, store, admin.token).")
+@click.option("--listen", default="127.0.0.1:8600", show_default=True, metavar="HOST:PORT", help="REST API address.")
+@click.option("--s3-listen", metavar="HOST:PORT", help="Also serve the S3 API on this address.")
+@click.option("--db", metavar="URL", help="Catalog: sqlite:///PATH (default DIR/catalog.db) or postgresql://…")
+@click.option("--store", metavar="URL", help="Pack store: a path (default DIR/store), s3://bucket/prefix or an fsspec URL.")
+@click.option("--no-auth", is_flag=True, help="Accept unauthenticated requests as admin (only for local demos).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve HTTPS with this certificate (PEM).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Private key for --tls-cert (PEM).")
+@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True)
+@handle_errors
+def hub(
+    data_dir: str,
+    listen: str,
+    s3_listen: str | None,
+    db: str | None,
+    store: str | None,
+    no_auth: bool,
+    tls_cert: str | None,
+    tls_key: str | None,
+    log_level: str,
+) -> None:
+    """Run a hub: the authoritative, versioned store that spokes and clients talk to.
+
+    On first start a global admin token is written to DIR/admin.token (mode
+    0600); it is never printed or logged. Create more with `fabric token create`.
+    """
+    import uvicorn
+
+    from .app import create_app
+
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    if s3_listen:
+        raise click.UsageError("--s3-listen: the S3 API is not part of this build yet")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, port = parse_listen(listen)
+    engine = Engine.open(data_dir, db, store)
+    tokens = TokenStore(engine.catalog.db)
+    written = write_bootstrap_token(tokens, data_dir)
+    if written:
+        log.info("wrote a bootstrap admin token to %s", written)
+    log.info(
+        "hub: catalog %s, store %s, auth %s",
+        redact(engine.catalog.db.url),
+        engine.store.describe(),
+        "off" if no_auth else "on",
+    )
+    app = create_app(engine, tokens, auth=not no_auth)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_keep_alive=30
+    )
+    uvicorn.Server(config).run()
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(hub)

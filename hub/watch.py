@@ -1,0 +1,68 @@
+"""The ref watch stream: JSON lines of ref changes with sequence numbers.
+
+``GET /api/v1/watch?since=SEQ[&repo=R]`` streams one JSON object per line,
+``{"seq", "repo", "kind", "name", "old", "new", "time"}``, for every ref
+change after ``SEQ``, then keeps the connection open and streams new ones as
+they happen. A ``{"type": "heartbeat", "seq": N}`` line every few seconds
+tells a subscriber the stream is alive. Resume after a disconnect by passing
+the last ``seq`` seen. Events come from the catalog, so every hub replica on
+one PostgreSQL serves the same stream.
+"""
+
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import StreamingResponse
+
+from fabric.auth import Principal
+from fabric.catalog import Catalog
+
+POLL_SECONDS = 0.1
+HEARTBEAT_SECONDS = 5.0
+
+
+def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> APIRouter:
+    router = APIRouter(prefix="/api/v1", tags=["watch"])
+    Caller = Annotated[Principal, Depends(authenticate)]
+
+    @router.get("/watch", response_class=StreamingResponse, responses={200: {"content": {"application/x-ndjson": {}}}})
+    def watch(
+        who: Caller,
+        since: Annotated[int, Query(ge=0)] = 0,
+        repo: str | None = None,
+        once: bool = False,
+    ) -> StreamingResponse:
+        """Stream ref changes after ``since`` (``once``: return what is there and close)."""
+        if repo is not None:
+            who.require(repo, "read")
+
+        async def lines() -> AsyncIterator[bytes]:
+            seq = since
+            last_sent = time.monotonic()
+            while True:
+                events = await anyio.to_thread.run_sync(lambda: catalog.events_after(seq, repo))
+                for s, r, kind, name, old, new, when in events:
+                    seq = s
+                    if who.can(r, "read"):
+                        yield _line({"seq": s, "repo": r, "kind": kind, "name": name, "old": old, "new": new, "time": when})
+                        last_sent = time.monotonic()
+                if once:
+                    return
+                if time.monotonic() - last_sent > HEARTBEAT_SECONDS:
+                    yield _line({"type": "heartbeat", "seq": seq})
+                    last_sent = time.monotonic()
+                if not events:
+                    await anyio.sleep(POLL_SECONDS)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    return router
+
+
+def _line(obj: dict) -> bytes:
+    return (json.dumps(obj) + "\n").encode()
