@@ -15,6 +15,7 @@ from . import frames, packs
 from .catalog import Catalog
 from .catalog.catalog import ChunkLocation
 from .errors import Corruption, NotFound, ObjectNotFound
+from .ingest import PackSession
 from .objstore import ObjectStore
 
 #: Reads of frames closer together than this in one pack are merged into one GET.
@@ -64,17 +65,17 @@ class ChunkStore:
         present = self.catalog.present_and_touch(unique, self.grace)
         return [cid for cid in unique if cid not in present]
 
-    def session(self, target_size: int = packs.TARGET_SIZE) -> "PackSession":
-        return PackSession(self, target_size)
+    def session(self, target_size: int = packs.TARGET_SIZE) -> PackSession:
+        """A sink for new chunks; packs are stored and indexed as they fill."""
+        return PackSession(self.missing, self.store_pack, target_size)
 
-    def store_pack(self, builder: packs.PackBuilder) -> str:
+    def store_pack(self, builder: packs.PackBuilder) -> None:
         data = builder.finish()
         pack_id = packs.new_pack_id()
         self.store.put(packs.pack_key(pack_id), data)
         self.catalog.index_pack(
             pack_id, len(data), builder.size, [(c.id, c.offset, c.length, c.raw_len) for c in builder.chunks]
         )
-        return pack_id
 
     def receive_pack(self, data: bytes) -> tuple[int, int]:
         """Verify a pack sent by a client and store it: ``(chunks, new chunks)``.
@@ -185,63 +186,3 @@ def _runs(items: list[tuple[bytes, ChunkLocation]]) -> Iterator[list[tuple[bytes
             yield run
             run = [item]
     yield run
-
-
-class PackSession:
-    """Collects new chunks from many threads into packs; :meth:`close` flushes.
-
-    Chunks the store already has, or that this session already took, are
-    skipped. After ``close`` returns, every chunk added is indexed.
-    """
-
-    def __init__(self, chunks: ChunkStore, target_size: int) -> None:
-        self.chunks = chunks
-        self.target = target_size
-        self._builder = packs.PackBuilder()
-        self._taken: set[bytes] = set()
-        self._lock = threading.Lock()
-        self.new_chunks = 0
-        self.new_bytes = 0
-        self.stored_bytes = 0
-
-    def filter_new(self, ids: Sequence[bytes]) -> set[bytes]:
-        """Which of ``ids`` neither the store nor this session has yet."""
-        with self._lock:
-            unknown = [cid for cid in ids if cid not in self._taken]
-        if not unknown:
-            return set()
-        return set(self.chunks.missing(unknown))
-
-    def add(self, cid: bytes, raw: bytes | memoryview) -> None:
-        """Add a chunk the caller believes is new (compression happens outside the lock)."""
-        with self._lock:
-            if cid in self._taken:
-                return
-            self._taken.add(cid)
-        self.add_frame(cid, frames.encode(raw), len(raw))
-
-    def add_frame(self, cid: bytes, frame: bytes, raw_len: int) -> None:
-        full = None
-        with self._lock:
-            self._taken.add(cid)
-            self._builder.add(cid, frame)
-            self.new_chunks += 1
-            self.new_bytes += raw_len
-            self.stored_bytes += len(frame)
-            if self._builder.size >= self.target:
-                full, self._builder = self._builder, packs.PackBuilder()
-        if full is not None:
-            self.chunks.store_pack(full)
-
-    def close(self) -> None:
-        with self._lock:
-            last, self._builder = self._builder, packs.PackBuilder()
-        if len(last):
-            self.chunks.store_pack(last)
-
-    def __enter__(self) -> "PackSession":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()

@@ -21,8 +21,8 @@ from typing import BinaryIO
 from .catalog import Catalog, Database
 from .catalog.catalog import BRANCH, TAG
 from . import maintenance
-from .chunkstore import ChunkStore, PackSession
-from .ingest import file_entry, ingest_stream
+from .chunkstore import ChunkStore
+from .ingest import PackSession, file_entry, ingest_stream
 from .errors import BadRequest, Conflict, MergeConflict, NotFound, RangeNotSatisfiable
 from .metastore import CHUNKLIST, COMMIT, MetaStore
 from .model import DIR, FILE, INLINE_CHUNKS, SYMLINK, Commit, Entry

@@ -8,10 +8,11 @@ uploads packs of only those (see :mod:`fabric.client`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO, Protocol
 
-from . import chunking
+from . import chunking, frames, packs
 from .model import FILE, Entry
 
 
@@ -67,3 +68,64 @@ def file_entry(
 ) -> Entry:
     """A file entry with its chunk list inline (the hub moves long lists into their own object)."""
     return Entry(FILE, sum(n for _, n in chunks), mode, mtime_ns, md5=md5, chunks=tuple(chunks), meta=dict(meta or {}))
+
+
+class PackSession:
+    """A :class:`ChunkSink` that frames new chunks into packs and hands each full pack on.
+
+    ``missing`` answers which ids the destination lacks; ``deliver`` stores a
+    full pack (the hub's pack store, or an upload to a server). Safe to use
+    from many threads; chunks already taken by this session are skipped.
+    After :meth:`close` returns every chunk added has been delivered.
+    """
+
+    def __init__(
+        self,
+        missing: Callable[[Sequence[bytes]], list[bytes]],
+        deliver: Callable[[packs.PackBuilder], None],
+        target_size: int,
+    ) -> None:
+        self._missing = missing
+        self._deliver = deliver
+        self.target = target_size
+        self._builder = packs.PackBuilder()
+        self._taken: set[bytes] = set()
+        self._lock = threading.Lock()
+        self.new_chunks = 0
+        self.new_bytes = 0
+        self.stored_bytes = 0
+
+    def filter_new(self, ids: Sequence[bytes]) -> set[bytes]:
+        with self._lock:
+            unknown = [cid for cid in ids if cid not in self._taken]
+        return set(self._missing(unknown)) if unknown else set()
+
+    def add(self, cid: bytes, raw: bytes | memoryview) -> None:
+        with self._lock:
+            if cid in self._taken:
+                return
+            self._taken.add(cid)
+        frame = frames.encode(raw)  # compression runs outside the lock
+        full = None
+        with self._lock:
+            self._builder.add(cid, frame)
+            self.new_chunks += 1
+            self.new_bytes += len(raw)
+            self.stored_bytes += len(frame)
+            if self._builder.size >= self.target:
+                full, self._builder = self._builder, packs.PackBuilder()
+        if full is not None:
+            self._deliver(full)
+
+    def close(self) -> None:
+        with self._lock:
+            last, self._builder = self._builder, packs.PackBuilder()
+        if len(last):
+            self._deliver(last)
+
+    def __enter__(self) -> "PackSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()

@@ -24,18 +24,31 @@ class Ctx:
     data: str
     db: str | None
     store: str | None
+    server: str | None
+    token: str | None
     json: bool
     quiet: bool
     _plane: Any = field(default=None, repr=False)
 
     @property
     def plane(self) -> DataPlane:
-        """The data plane commands act on: the local hub data directory, opened on first use."""
+        """What commands act on: the server at --server, else the local data directory."""
         if self._plane is None:
-            from ..engine import Engine
+            if self.server:
+                from ..client import HttpPlane
 
-            self._plane = Engine.open(self.data, self.db, self.store)
+                self._plane = HttpPlane(self.server, self.token)
+            else:
+                from ..engine import Engine
+
+                self._plane = Engine.open(self.data, self.db, self.store)
         return self._plane
+
+    def remote(self):  # noqa: ANN201 - HttpPlane, imported lazily
+        """The server client; a usage error when no --server is given."""
+        if not self.server:
+            raise click.UsageError("this command talks to a server: give --server URL (or set FABRIC_SERVER)")
+        return self.plane
 
     def progress(self) -> TqdmProgress:
         return TqdmProgress(False if self.quiet else None)

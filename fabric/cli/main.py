@@ -7,7 +7,7 @@ import importlib
 import click
 
 from .. import __version__
-from . import maint_cmd, objects_cmd, refs_cmd, repo_cmd, transfer_cmd
+from . import maint_cmd, objects_cmd, refs_cmd, repo_cmd, token_cmd, transfer_cmd, up_cmd
 from .context import DEFAULT_DATA, Ctx
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -24,11 +24,22 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 )
 @click.option("--db", envvar="FABRIC_DB", metavar="URL", help="Catalog database: sqlite:///PATH or postgresql://… (default: DIR/catalog.db).")
 @click.option("--store", envvar="FABRIC_STORE", metavar="URL", help="Object store for packs: a path, s3://bucket/prefix or an fsspec URL (default: DIR/store; remembered).")
+@click.option("--server", envvar="FABRIC_SERVER", metavar="URL", help="Work against a hub or spoke at URL instead of --data. Env: FABRIC_SERVER.")
+@click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="API token for --server. Env: FABRIC_TOKEN.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @click.version_option(__version__, prog_name="fabric")
 @click.pass_context
-def cli(ctx: click.Context, data: str, db: str | None, store: str | None, as_json: bool, quiet: bool) -> None:
+def cli(
+    ctx: click.Context,
+    data: str,
+    db: str | None,
+    store: str | None,
+    server: str | None,
+    token: str | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """fabric: versioned, deduplicated datasets and checkpoints for AI training.
 
     Repositories hold files under branches, tags and commits, addressed as
@@ -41,11 +52,13 @@ def cli(ctx: click.Context, data: str, db: str | None, store: str | None, as_jso
       fabric ls datasets@main
       fabric branch create datasets exp --from main
       fabric diff datasets main exp
+
+    Without --server, commands work directly on the hub data directory --data.
     """
-    ctx.obj = Ctx(data, db, store, as_json, quiet)
+    ctx.obj = Ctx(data, db, store, server, token, as_json, quiet)
 
 
-for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd):
+for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd, token_cmd, up_cmd):
     module.register(cli)
 
 #: Service packages add their commands (``fabric hub``, ``fabric spoke``, ...)

@@ -1,0 +1,82 @@
+"""``fabric up``: run a hub (and the services beside it) on embedded defaults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import click
+import httpx
+
+from .context import handle_errors
+
+BASE = ".fabric"
+
+
+def _service_commands(base: str, host: str) -> list[tuple[str, str, list[str]]]:
+    """``(name, url, argv)`` of each service `fabric up` starts."""
+    hub_url = f"http://{host}:8600"
+    return [
+        ("hub", hub_url, ["hub", "--data", os.path.join(base, "hub"), "--listen", f"{host}:8600"]),
+    ]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise click.ClickException(f"service at {url} exited with code {proc.returncode}; see the log above")
+        try:
+            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise click.ClickException(f"service at {url} did not become healthy within {timeout:.0f}s")
+
+
+@click.command("up")
+@click.option("--base", default=BASE, show_default=True, metavar="DIR", help="Where the services keep their data.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@handle_errors
+def up(base: str, host: str) -> None:
+    """Run a hub on embedded defaults (SQLite, local store under DIR) until Ctrl-C.
+
+    Prints the URLs and the admin token to use with --server/--token.
+    """
+    procs: list[subprocess.Popen] = []
+
+    def stop(*_: object) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    signal.signal(signal.SIGTERM, lambda *a: (stop(), sys.exit(0)))
+    try:
+        for name, url, argv in _service_commands(base, host):
+            proc = subprocess.Popen([sys.executable, "-m", "fabric.cli.main", *argv])
+            procs.append(proc)
+            _wait_healthy(url, proc)
+            click.echo(f"{name:5} {url}")
+        with open(os.path.join(base, "hub", "admin.token")) as f:
+            token = f.read().strip()
+        click.echo(f"\nexport FABRIC_SERVER=http://{host}:8600 FABRIC_TOKEN={token}")
+        click.echo("Ctrl-C to stop.")
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop()
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(up)
