@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import httpx
+import msgpack
 
 from . import errors
 from .api.wire import MSGPACK, commit_from_json, entry_from_json, pack_changes
@@ -200,6 +201,10 @@ class HttpPlane(DataPlane):
     # -- objects -------------------------------------------------------------------
     def stat(self, repo: str, ref: str, path: str) -> Entry:
         return entry_from_json(self._json("GET", f"/repos/{repo}/refs/{ref}/stat", params={"path": path}))
+
+    def stat_chunks(self, repo: str, ref: str, path: str) -> Entry:
+        response = self._call("GET", f"/repos/{repo}/refs/{ref}/entry", params={"path": path})
+        return Entry.from_wire(msgpack.unpackb(response.content, raw=False))
 
     def list(self, repo: str, ref: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> Listing:
         params = {"prefix": prefix, "delimiter": delimiter, "after": after, "limit": limit}

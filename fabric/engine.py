@@ -431,6 +431,12 @@ class Engine(DataPlane):
             raise NotFound(f"{path!r} not found in {repo}@{ref}")
         return entry
 
+    def stat_chunks(self, repo: str, ref: str, path: str) -> Entry:
+        entry = self.stat(repo, ref, path)
+        if entry.chunklist:
+            return entry.with_(chunks=self.chunk_list(entry), chunklist=None)
+        return entry
+
     def stat_in(self, view: View, path: str) -> Entry | None:
         if view.branch is not None:
             found, enc = self.catalog.staged_entry(view.repo, view.branch, path)

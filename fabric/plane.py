@@ -118,7 +118,13 @@ class DataPlane(abc.ABC):
 
     # -- objects -------------------------------------------------------------
     @abc.abstractmethod
-    def stat(self, repo: str, ref: str, path: str) -> Entry: ...
+    def stat(self, repo: str, ref: str, path: str) -> Entry:
+        """The entry at ``path``; its chunk list may be absent (remote planes)."""
+
+    @abc.abstractmethod
+    def stat_chunks(self, repo: str, ref: str, path: str) -> Entry:
+        """The entry at ``path`` with its whole chunk list inline, for readers that fetch
+        chunks themselves (FUSE, spokes) through :meth:`frames`."""
 
     @abc.abstractmethod
     def list(self, repo: str, ref: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> Listing:

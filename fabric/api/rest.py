@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 import anyio
+import msgpack
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
@@ -397,6 +398,18 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
     def stat(repo: str, ref: str, path: str, who: Caller) -> dict:
         who.require(repo, "read")
         return entry_json(path, plane().stat(repo, ref, path))
+
+    @router.get(
+        "/repos/{repo}/refs/{ref}/entry",
+        tags=["objects"],
+        response_class=Response,
+        responses={200: {"content": {MSGPACK: {"schema": {"type": "string", "format": "binary"}}}}},
+    )
+    def entry(repo: str, ref: str, path: str, who: Caller) -> Response:
+        """The entry at ``path`` with its whole chunk list (msgpack), for chunk-level readers."""
+        who.require(repo, "read")
+        wire = plane().stat_chunks(repo, ref, path).to_wire()
+        return Response(msgpack.packb(wire, use_bin_type=True), media_type=MSGPACK)
 
     @router.get("/repos/{repo}/refs/{ref}/list", response_model=ObjectPage, tags=["objects"])
     def list_objects(
