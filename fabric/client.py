@@ -208,10 +208,14 @@ class HttpPlane(DataPlane):
 
     def list(self, repo: str, ref: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> Listing:
         params = {"prefix": prefix, "delimiter": delimiter, "after": after, "limit": limit}
-        page = self._json("GET", f"/repos/{repo}/refs/{ref}/list", params=params)
-        return Listing(
-            [(e["path"], entry_from_json(e)) for e in page["entries"]], page["prefixes"], page["next_after"]
-        )
+        response = self._call("GET", f"/repos/{repo}/refs/{ref}/list", params=params, headers={"Accept": MSGPACK})
+        if response.headers.get("content-type", "").startswith(MSGPACK):
+            page = msgpack.unpackb(response.content, raw=False)
+            entries = [(p, Entry.from_wire(e)) for p, e in page["entries"]]
+        else:  # a server without whole-entry listings
+            page = response.json()
+            entries = [(e["path"], entry_from_json(e)) for e in page["entries"]]
+        return Listing(entries, page["prefixes"], page["next_after"])
 
     def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
         headers = {}

@@ -11,11 +11,9 @@ that reach them.
 from __future__ import annotations
 
 import getpass
-import heapq
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from .catalog import Catalog, Database
@@ -23,15 +21,16 @@ from .catalog.catalog import BRANCH, TAG
 from . import maintenance
 from .chunkstore import ChunkStore
 from .ingest import PackSession, file_entry, ingest_stream
-from .errors import BadRequest, Conflict, MergeConflict, NotFound, RangeNotSatisfiable
+from .errors import BadRequest, Conflict, MergeConflict, NotFound
 from .metastore import CHUNKLIST, COMMIT, MetaStore
-from .model import DIR, FILE, INLINE_CHUNKS, SYMLINK, Commit, Entry
+from .model import FILE, INLINE_CHUNKS, Commit, Entry
 from .objstore import ObjectStore, open_store
 from .paths import COMMIT_ID_RE, check_path, check_prefix, check_ref_name, check_repo_name
 from .refs import parse_ref
 from .listing import Change, Listing, change_kind
 from .plane import DataPlane
 from .progress import Progress
+from .reader import Reader, View, prefix_end
 from .tree import Trees
 
 DEFAULT_BRANCH = "main"
@@ -40,15 +39,17 @@ DEFAULT_BRANCH = "main"
 DEFAULT_GC_GRACE = 6 * 3600.0
 
 
-@dataclass(frozen=True)
-class View:
-    """What a read at a ref sees: a commit, plus a branch's staging when the ref is a branch."""
+class CatalogStaging:
+    """The :class:`~fabric.reader.Staging` of a branch, read from the catalog."""
 
-    repo: str
-    commit_id: str
-    tree: str
-    branch: str | None = None
-    staging_seq: int = 0
+    def __init__(self, catalog: Catalog, repo: str, branch: str) -> None:
+        self.catalog, self.repo, self.branch = catalog, repo, branch
+
+    def entry(self, path: str) -> tuple[bool, bytes | None]:
+        return self.catalog.staged_entry(self.repo, self.branch, path)
+
+    def between(self, start: str, end: str | None) -> Iterator[tuple[str, bytes | None]]:
+        return self.catalog.staged(self.repo, self.branch, start, end)
 
 
 def default_author() -> str:
@@ -65,6 +66,7 @@ class Engine(DataPlane):
         self.meta = MetaStore(store)
         self.trees = Trees(self.meta)
         self.chunks = ChunkStore(store, catalog, gc_grace)
+        self.reader = Reader(self.meta, self.trees, self.chunks.read_many)
         self.gc_grace = gc_grace
 
     @classmethod
@@ -127,7 +129,8 @@ class Engine(DataPlane):
                 raise NotFound(f"{ref!r} goes back past the first commit of {repo!r}")
             commit_id = parents[0]
         commit = self.get_commit(repo, commit_id)
-        return View(repo, commit_id, commit.tree, branch, row.staging_seq if row and branch else 0)
+        staging = CatalogStaging(self.catalog, repo, branch) if branch else None
+        return View(repo, commit_id, commit.tree, branch, staging)
 
     def resolve_commit(self, repo: str, ref: str) -> str:
         return self.resolve(repo, ref).commit_id
@@ -191,7 +194,7 @@ class Engine(DataPlane):
 
     # -- commits -------------------------------------------------------------
     def get_commit(self, repo: str, commit_id: str) -> Commit:
-        return Commit.from_wire(self.meta.get(COMMIT, commit_id), commit_id)
+        return self.reader.get_commit(commit_id)
 
     def _write_commit(self, commit: Commit) -> Commit:
         cid = self.meta.put(COMMIT, commit.to_wire())
@@ -271,7 +274,7 @@ class Engine(DataPlane):
         ids: list[bytes] = []
         for entry in entries:
             if entry is not None and entry.kind == FILE:
-                ids.extend(cid for cid, _ in self.chunk_list(entry))
+                ids.extend(cid for cid, _ in self.reader.chunk_list(entry))
         if ids:
             lacking = self.chunks.missing(ids)
             if lacking:
@@ -287,34 +290,7 @@ class Engine(DataPlane):
         """
         if path:
             check_path(path.rstrip("/"))
-        start = self.resolve(repo, ref).commit_id
-        seen = {start}
-        first = self.get_commit(repo, start)
-        heap = [(-first.time, start, first)]
-        out: list[Commit] = []
-        skipping = after is not None
-        while heap and len(out) < limit:
-            _, cid, commit = heapq.heappop(heap)
-            for p in commit.parents:
-                if p not in seen:
-                    seen.add(p)
-                    pc = self.get_commit(repo, p)
-                    heapq.heappush(heap, (-pc.time, p, pc))
-            if skipping:
-                skipping = cid != after
-                continue
-            if path and not self._touches(repo, commit, path):
-                continue
-            out.append(commit)
-        return out
-
-    def _touches(self, repo: str, commit: Commit, path: str) -> bool:
-        base = self.get_commit(repo, commit.parents[0]).tree if commit.parents else self.trees.empty
-        want = path.rstrip("/")
-        for p, _, _ in self.trees.diff(base, commit.tree, prefix=want):
-            if p == want or p.startswith(want + "/"):
-                return True
-        return False
+        return self.reader.log(self.resolve(repo, ref).commit_id, path, limit, after)
 
     # -- diff / merge / revert -----------------------------------------------
     def diff(self, repo: str, left: str, right: str, prefix: str = "") -> Iterator[Change]:
@@ -329,7 +305,7 @@ class Engine(DataPlane):
         view = self.resolve(repo, branch)
         if view.branch is None:
             raise BadRequest(f"{branch!r} is not a branch of {repo!r}; only branches have uncommitted changes")
-        for path, enc in self.catalog.staged(repo, branch, prefix, _prefix_end(prefix)):
+        for path, enc in self.catalog.staged(repo, branch, prefix, prefix_end(prefix)):
             new = Entry.decode(enc) if enc is not None else None
             old = self.trees.get(view.tree, path)
             if new is None and old is None:
@@ -337,23 +313,7 @@ class Engine(DataPlane):
             yield Change(path, change_kind(old, new), old, new)
 
     def merge_base(self, repo: str, a: str, b: str) -> str | None:
-        ancestors_a = self._ancestors(repo, a)
-        best: tuple[float, str] | None = None
-        for cid in self._ancestors(repo, b):
-            if cid in ancestors_a:
-                t = self.get_commit(repo, cid).time
-                if best is None or t > best[0]:
-                    best = (t, cid)
-        return best[1] if best else None
-
-    def _ancestors(self, repo: str, start: str) -> set[str]:
-        seen, stack = {start}, [start]
-        while stack:
-            for p in self.get_commit(repo, stack.pop()).parents:
-                if p not in seen:
-                    seen.add(p)
-                    stack.append(p)
-        return seen
+        return self.reader.merge_base(a, b)
 
     def merge(
         self,
@@ -426,7 +386,7 @@ class Engine(DataPlane):
     def stat(self, repo: str, ref: str, path: str) -> Entry:
         check_path(path)
         view = self.resolve(repo, ref)
-        entry = self.stat_in(view, path)
+        entry = self.reader.stat(view, path)
         if entry is None:
             raise NotFound(f"{path!r} not found in {repo}@{ref}")
         return entry
@@ -434,24 +394,8 @@ class Engine(DataPlane):
     def stat_chunks(self, repo: str, ref: str, path: str) -> Entry:
         entry = self.stat(repo, ref, path)
         if entry.chunklist:
-            return entry.with_(chunks=self.chunk_list(entry), chunklist=None)
+            return entry.with_(chunks=self.reader.chunk_list(entry), chunklist=None)
         return entry
-
-    def stat_in(self, view: View, path: str) -> Entry | None:
-        if view.branch is not None:
-            found, enc = self.catalog.staged_entry(view.repo, view.branch, path)
-            if found:
-                return Entry.decode(enc) if enc is not None else None
-        return self.trees.get(view.tree, path)
-
-    def iter_entries(self, view: View, prefix: str = "", start: str = "") -> Iterator[tuple[str, bytes]]:
-        """``(path, encoded entry)`` at a view, staging overlaid, in path order."""
-        tree_items = self.trees.iter_raw(view.tree, start=start, prefix=prefix)
-        if view.branch is None:
-            yield from tree_items
-            return
-        staged = self.catalog.staged(view.repo, view.branch, max(start, prefix), _prefix_end(prefix))
-        yield from _overlay(tree_items, staged)
 
     def list(
         self,
@@ -468,76 +412,19 @@ class Engine(DataPlane):
             raise BadRequest("only '/' is supported as a delimiter")
         if limit < 1:
             raise BadRequest("limit must be at least 1")
-        view = self.resolve(repo, ref)
-        return self.list_view(view, prefix, delimiter, after, limit)
-
-    def list_view(self, view: View, prefix: str, delimiter: str, after: str, limit: int) -> Listing:
-        out = Listing()
-        last = after
-        start = after + "\x00" if after else ""
-        rest_after = after[len(prefix) :] if delimiter and after.startswith(prefix) else ""
-        if rest_after and rest_after.find(delimiter) == len(rest_after) - 1:
-            # ``after`` is a common prefix from an earlier page: skip everything under it.
-            start = after[:-1] + chr(ord(delimiter) + 1)
-        while True:
-            grouped = False
-            for path, enc in self.iter_entries(view, prefix, start):
-                if path <= last:
-                    continue
-                if len(out.entries) + len(out.prefixes) >= limit:
-                    out.next_after = last
-                    return out
-                rest = path[len(prefix) :]
-                cut = rest.find(delimiter) if delimiter else -1
-                if cut >= 0:
-                    # Everything under this common prefix sorts before prefix-with-'/'+1.
-                    last = prefix + rest[: cut + 1]
-                    out.prefixes.append(last)
-                    start = last[:-1] + chr(ord(delimiter) + 1)
-                    grouped = True
-                    break
-                out.entries.append((path, Entry.decode(enc)))
-                last = path
-            if not grouped:
-                return out
-
-    def chunk_list(self, entry: Entry) -> tuple[tuple[bytes, int], ...]:
-        if entry.chunklist:
-            return tuple((bytes(c), n) for c, n in self.meta.get(CHUNKLIST, entry.chunklist))
-        return entry.chunks
-
-    def read_entry(self, entry: Entry, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
-        """Stream the bytes of a file entry (whole, or ``length`` bytes from ``offset``)."""
-        if entry.kind != FILE:
-            raise BadRequest("not a regular file")
-        if offset < 0 or (offset > 0 and offset >= entry.size) or (length is not None and length < 0):
-            raise RangeNotSatisfiable(f"range starting at {offset} is outside the file's {entry.size} bytes")
-        end = entry.size if length is None else min(entry.size, offset + length)
-        wanted: list[tuple[bytes, int, int]] = []  # (chunk id, start within chunk, end within chunk)
-        pos = 0
-        for cid, size in self.chunk_list(entry):
-            lo, hi = max(offset, pos), min(end, pos + size)
-            if lo < hi:
-                wanted.append((cid, lo - pos, hi - pos))
-            pos += size
-            if pos >= end:
-                break
-        for i in range(0, len(wanted), 64):
-            batch = wanted[i : i + 64]
-            for (_, a, b), data in zip(batch, self.chunks.read_many([w[0] for w in batch])):
-                yield data[a:b] if (a, b) != (0, len(data)) else data
+        return self.reader.list_view(self.resolve(repo, ref), prefix, delimiter, after, limit)
 
     def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
         entry = self.stat(repo, ref, path)
         if entry.kind != FILE:
             raise BadRequest(f"{path!r} in {repo}@{ref} is a {entry.kind}, not a file")
-        return self.read_entry(entry, offset, length)
+        return self.reader.read_entry(entry, offset, length)
 
     def open_file(
         self, repo: str, ref: str, path: str, entry: Entry | None = None, offset: int = 0, length: int | None = None
     ) -> Iterator[bytes]:
         if entry is not None and entry.kind == FILE:
-            return self.read_entry(entry, offset, length)
+            return self.reader.read_entry(entry, offset, length)
         return self.read_stream(repo, ref, path, offset, length)
 
     # -- objects: writing ----------------------------------------------------
@@ -583,7 +470,7 @@ class Engine(DataPlane):
         view = self.resolve(repo, branch)
         if view.branch is None:
             raise BadRequest(f"{branch!r} is not a branch; objects can only be deleted on a branch")
-        if self.stat_in(view, path) is None:
+        if self.reader.stat(view, path) is None:
             raise NotFound(f"{path!r} not found in {repo}@{branch}")
         self.catalog.stage(repo, branch, [(path, None)])
 
@@ -629,27 +516,3 @@ def _same(a: Entry | None, b: Entry | None) -> bool:
     if a is None or b is None:
         return a is b
     return a.encode() == b.encode()
-
-
-def _prefix_end(prefix: str) -> str | None:
-    return prefix + "\U0010ffff" if prefix else None
-
-
-def _overlay(tree_items: Iterator[tuple[str, bytes]], staged: Iterator[tuple[str, bytes | None]]) -> Iterator[tuple[str, bytes]]:
-    """Merge two sorted streams; staged entries win, staged ``None`` hides a path."""
-    s = next(staged, None)
-    for path, enc in tree_items:
-        while s is not None and s[0] < path:
-            if s[1] is not None:
-                yield s  # type: ignore[misc]
-            s = next(staged, None)
-        if s is not None and s[0] == path:
-            if s[1] is not None:
-                yield s  # type: ignore[misc]
-            s = next(staged, None)
-            continue
-        yield path, enc
-    while s is not None:
-        if s[1] is not None:
-            yield s  # type: ignore[misc]
-        s = next(staged, None)

@@ -416,13 +416,19 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         repo: str,
         ref: str,
         who: Caller,
+        request: Request,
         prefix: str = "",
         delimiter: str = "",
         after: str = "",
         limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
-    ) -> ObjectPage:
+    ) -> Any:
+        """One page of a listing. ``Accept: application/msgpack`` returns ``{entries: [[path, entry]],
+        prefixes, next_after}`` with whole entries (chunk lists, exact times) for chunk-level readers."""
         who.require(repo, "read")
         page = plane().list(repo, ref, prefix, delimiter, after, limit)
+        if MSGPACK in request.headers.get("accept", ""):
+            body = {"entries": [[p, e.to_wire()] for p, e in page.entries], "prefixes": page.prefixes, "next_after": page.next_after}
+            return Response(msgpack.packb(body, use_bin_type=True), media_type=MSGPACK)
         return ObjectPage(
             entries=[ObjectStat(**entry_json(p, e)) for p, e in page.entries],
             prefixes=page.prefixes,
