@@ -27,6 +27,7 @@ from .progress import Progress
 #: Packs sent over the network are smaller than stored ones, so a failed upload costs less.
 UPLOAD_PACK_SIZE = 16 * 1024 * 1024
 MISSING_BATCH = 10_000
+OBJECT_BATCH = 256
 
 _BY_STATUS: dict[int, type[errors.FabricError]] = {
     400: errors.BadRequest,
@@ -289,6 +290,21 @@ class HttpPlane(DataPlane):
             response.close()
             raise_for_error(response)
         return _records(response)
+
+    def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for i in range(0, len(ids), OBJECT_BATCH):
+            response = self._call("POST", "/objects/batch", json={"ids": list(ids[i : i + OBJECT_BATCH])})
+            for oid, data in msgpack.unpackb(response.content, raw=False).items():
+                out[oid] = data
+        return out
+
+    def staging_snapshot(
+        self, repo: str, branch: str, since_seq: int = 0
+    ) -> tuple[str, int, list[tuple[str, bytes | None]]]:
+        response = self._call("GET", f"/repos/{repo}/branches/{branch}/staging", params={"since": since_seq})
+        body = msgpack.unpackb(response.content, raw=False)
+        return body["head"], body["seq"], [(p, e) for p, e in body["entries"]]
 
     def chunk_sink(self) -> PackSession:
         """New chunks go up as packs of only the frames the server lacks."""

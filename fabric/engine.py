@@ -21,7 +21,7 @@ from .catalog.catalog import BRANCH, TAG
 from . import maintenance
 from .chunkstore import ChunkStore
 from .ingest import PackSession, file_entry, ingest_stream
-from .errors import BadRequest, Conflict, MergeConflict, NotFound
+from .errors import BadRequest, Conflict, MergeConflict, NotFound, ObjectNotFound
 from .metastore import CHUNKLIST, COMMIT, MetaStore
 from .model import FILE, INLINE_CHUNKS, Commit, Entry
 from .objstore import ObjectStore, open_store
@@ -487,6 +487,25 @@ class Engine(DataPlane):
 
     def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
         return self.chunks.frames(ids)
+
+    def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
+        out = {}
+        for oid in ids:
+            try:
+                out[oid] = self.meta.raw(oid)
+            except ObjectNotFound:
+                continue
+        return out
+
+    def staging_snapshot(
+        self, repo: str, branch: str, since_seq: int = 0
+    ) -> tuple[str, int, list[tuple[str, bytes | None]]]:
+        row = self.catalog.get_ref(repo, BRANCH, check_ref_name(branch))
+        if row is None:
+            self.get_repo(repo)
+            raise NotFound(f"branch {branch!r} does not exist in repository {repo!r}")
+        rows = self.catalog.staged(repo, branch, max_seq=row.staging_seq, min_seq=since_seq)
+        return row.commit_id, row.staging_seq, list(rows)
 
     def chunk_sink(self) -> PackSession:
         return self.chunks.session()

@@ -191,6 +191,22 @@ class DataPlane(abc.ABC):
         """``(id, frame)`` for each id, checksum-verified."""
 
     @abc.abstractmethod
+    def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
+        """Stored bytes of metadata objects (commits, trees, ranges, chunk lists) by id.
+
+        Ids that do not exist are absent from the result. Callers verify the
+        bytes against their ids (:func:`fabric.metastore.decode_object`)."""
+
+    @abc.abstractmethod
+    def staging_snapshot(
+        self, repo: str, branch: str, since_seq: int = 0
+    ) -> tuple[str, int, list[tuple[str, bytes | None]]]:
+        """``(head, staging_seq, [(path, encoded entry or None)])``: a branch's head and its
+        staging area, consistent with each other (for caches of branch reads). With
+        ``since_seq`` only rows written after that seq (apply them to an earlier snapshot
+        of the same head)."""
+
+    @abc.abstractmethod
     def chunk_sink(self) -> ChunkSink:
         """Where an importer sends new chunks (close it before committing)."""
 

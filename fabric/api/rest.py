@@ -154,6 +154,10 @@ class ChunkIds(BaseModel):
     ids: list[str]
 
 
+class ObjectIds(BaseModel):
+    ids: list[str] = Field(max_length=1024)
+
+
 class MissingChunks(BaseModel):
     missing: list[str]
 
@@ -578,6 +582,32 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
                 yield cid + struct.pack("<I", len(frame)) + frame
 
         return StreamingResponse(records(), media_type="application/octet-stream")
+
+    # -- metadata objects (for caches) ------------------------------------------------
+    @router.post(
+        "/objects/batch",
+        tags=["chunks"],
+        response_class=Response,
+        responses={200: {"content": {MSGPACK: {"schema": {"type": "string", "format": "binary"}}}}},
+    )
+    def objects_batch(body: ObjectIds, who: Caller) -> Response:
+        """Stored bytes of metadata objects (msgpack map id -> bytes); unknown ids are left out."""
+        _require_any(who, "read")
+        return Response(msgpack.packb(plane().get_objects(body.ids), use_bin_type=True), media_type=MSGPACK)
+
+    @router.get(
+        "/repos/{repo}/branches/{branch}/staging",
+        tags=["branches"],
+        response_class=Response,
+        responses={200: {"content": {MSGPACK: {"schema": {"type": "string", "format": "binary"}}}}},
+    )
+    def staging(repo: str, branch: str, who: Caller, since: Annotated[int, Query(ge=0)] = 0) -> Response:
+        """A branch's head and staging area (msgpack ``{head, seq, entries}``), for spokes;
+        ``since``: only rows written after that staging seq."""
+        who.require(repo, "read")
+        head, seq, entries = plane().staging_snapshot(repo, branch, since)
+        body = {"head": head, "seq": seq, "entries": [[p, e] for p, e in entries]}
+        return Response(msgpack.packb(body, use_bin_type=True), media_type=MSGPACK)
 
     # -- administration --------------------------------------------------------------
     @router.get("/stats", tags=["admin"])

@@ -17,6 +17,8 @@ from .schema import SCHEMA, SCHEMA_VERSION
 
 BRANCH = "branch"
 TAG = "tag"
+#: Event kind of a change to a branch's staging area (``new`` is the staging seq).
+STAGING = "staging"
 
 
 @dataclass(frozen=True)
@@ -196,12 +198,20 @@ class Catalog:
                 "ON CONFLICT (repo, branch, path) DO UPDATE SET entry = excluded.entry, seq = excluded.seq",
                 [(repo, branch, path, entry, seq) for path, entry in changes],
             )
+            self._event(cur, repo, STAGING, branch, None, str(seq))
         return seq
 
     def staged(
-        self, repo: str, branch: str, start: str = "", end: str | None = None, max_seq: int | None = None
+        self,
+        repo: str,
+        branch: str,
+        start: str = "",
+        end: str | None = None,
+        max_seq: int | None = None,
+        min_seq: int = 0,
     ) -> Iterator[tuple[str, bytes | None]]:
-        """Staged ``(path, entry bytes or None)`` in path order, ``start <= path < end``."""
+        """Staged ``(path, entry bytes or None)`` in path order, ``start <= path < end``,
+        written at a staging seq in ``(min_seq, max_seq]``."""
         sql = "SELECT path, entry FROM staging WHERE repo = ? AND branch = ? AND path >= ?"
         params: list = [repo, branch, start]
         if end is not None:
@@ -210,6 +220,9 @@ class Catalog:
         if max_seq is not None:
             sql += " AND seq <= ?"
             params.append(max_seq)
+        if min_seq:
+            sql += " AND seq > ?"
+            params.append(min_seq)
         for path, entry in self.db.query(sql + " ORDER BY path", params):
             yield path, bytes(entry) if entry is not None else None
 
