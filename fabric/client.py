@@ -8,6 +8,7 @@ server. Imports chunk locally and send only the chunks the server lacks
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -58,7 +59,9 @@ def raise_for_error(response: httpx.Response) -> None:
 
 
 class HttpPlane(DataPlane):
-    def __init__(self, url: str, token: str | None = None, timeout: float = 300.0) -> None:
+    def __init__(
+        self, url: str, token: str | None = None, timeout: float = 300.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         verify: Any = os.environ.get("FABRIC_CA_BUNDLE") or True
@@ -67,6 +70,7 @@ class HttpPlane(DataPlane):
             headers=headers,
             timeout=httpx.Timeout(timeout, connect=10.0),
             verify=verify,
+            transport=transport,
         )
 
     def close(self) -> None:
@@ -243,8 +247,11 @@ class HttpPlane(DataPlane):
         mode: int = 0o644,
         mtime_ns: int | None = None,
         meta: Mapping[str, str] | None = None,
+        durability: str | None = None,
     ) -> Entry:
         headers = {"X-Fabric-Mode": f"{mode:o}", "Content-Type": "application/octet-stream"}
+        if durability is not None:
+            headers["X-Fabric-Durability"] = durability
         if mtime_ns is not None:
             headers["X-Fabric-Mtime-Ns"] = str(mtime_ns)
         for key, value in (meta or {}).items():
@@ -323,6 +330,23 @@ class HttpPlane(DataPlane):
             params["grace"] = grace
         return self._json("POST", "/admin/gc", params=params)
 
+    # -- ref watch stream (hub only) -----------------------------------------------
+    def watch(self, since: int | None = None, read_timeout: float = 30.0) -> Iterator[dict]:
+        """Ref change events as they happen (see hub/watch.py); ends when the connection does."""
+        params = {} if since is None else {"since": since}
+        request = self.http.build_request(
+            "GET", "/watch", params=params, timeout=httpx.Timeout(read_timeout, connect=10.0)
+        )
+        try:
+            response = self.http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise errors.Unavailable(f"cannot reach {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            response.read()
+            response.close()
+            raise_for_error(response)
+        return _json_lines(response)
+
     # -- tokens (hub only) ---------------------------------------------------------
     def create_token(self, name: str, admin: bool = False, roles: Mapping[str, str] | None = None) -> dict:
         return self._json("POST", "/tokens", json={"name": name, "admin": admin, "roles": dict(roles or {})})
@@ -336,10 +360,35 @@ class HttpPlane(DataPlane):
     def whoami(self) -> dict:
         return self._json("GET", "/auth/whoami")
 
+    # -- S3 bucket bindings --------------------------------------------------------
+    def list_buckets(self) -> list[dict]:
+        return self._json("GET", "/buckets")
+
+    def get_bucket(self, name: str) -> dict:
+        return self._json("GET", f"/buckets/{name}")
+
+    def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> dict:
+        body = {"name": name, "repo": repo, "ref": ref, "created_by_s3": created_by_s3}
+        return self._json("POST", "/buckets", json=body)
+
+    def delete_bucket(self, name: str) -> None:
+        self._call("DELETE", f"/buckets/{name}")
+
 
 def _stream(response: httpx.Response) -> Iterator[bytes]:
     try:
         yield from response.iter_bytes(1 << 20)
+    finally:
+        response.close()
+
+
+def _json_lines(response: httpx.Response) -> Iterator[dict]:
+    try:
+        for line in response.iter_lines():
+            if line.strip():
+                yield json.loads(line)
+    except httpx.TransportError as exc:
+        raise errors.Unavailable(f"watch stream broke: {exc}") from exc
     finally:
         response.close()
 

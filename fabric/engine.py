@@ -22,7 +22,7 @@ from . import maintenance
 from .chunkstore import ChunkStore
 from .ingest import PackSession, file_entry, ingest_stream
 from .errors import BadRequest, Conflict, MergeConflict, NotFound, ObjectNotFound
-from .metastore import CHUNKLIST, COMMIT, MetaStore
+from .metastore import CHUNKLIST, COMMIT, METARANGE, MetaStore
 from .model import FILE, INLINE_CHUNKS, Commit, Entry
 from .objstore import ObjectStore, open_store
 from .paths import COMMIT_ID_RE, check_path, check_prefix, check_ref_name, check_repo_name
@@ -67,6 +67,7 @@ class Engine(DataPlane):
         self.trees = Trees(self.meta)
         self.chunks = ChunkStore(store, catalog, gc_grace)
         self.reader = Reader(self.meta, self.trees, self.chunks.read_many)
+        self.meta.put(METARANGE, [])  # the empty tree, which every first commit points at
         self.gc_grace = gc_grace
 
     @classmethod
@@ -443,8 +444,11 @@ class Engine(DataPlane):
         mode: int = 0o644,
         mtime_ns: int | None = None,
         meta: Mapping[str, str] | None = None,
+        durability: str | None = None,
     ) -> Entry:
-        """Store a stream as a file on a branch (staged; visible to branch reads at once)."""
+        """Store a stream as a file on a branch (staged; visible to branch reads at once).
+
+        The hub stores before it returns: every durability level is met."""
         check_path(path)
         self.head(repo, branch)
         with self.chunks.session() as session:
@@ -475,8 +479,9 @@ class Engine(DataPlane):
         self.catalog.stage(repo, branch, [(path, None)])
 
     def discard(self, repo: str, branch: str) -> None:
-        self.head(repo, branch)
-        self.catalog.discard_staging(repo, branch)
+        head = self.head(repo, branch)
+        # A reset onto its own head: one transaction, and an event that tells caches.
+        self.catalog.move_branch(repo, branch, head, head, clear_staging=True)
 
     # -- chunk exchange ------------------------------------------------------
     def missing_chunks(self, ids: Sequence[bytes]) -> list[bytes]:
@@ -529,6 +534,54 @@ class Engine(DataPlane):
             "stored_bytes": s["pack_bytes"],
             **s,
         }
+
+    # -- S3 bucket bindings ----------------------------------------------------
+    def _bucket_dict(self, row: tuple) -> dict:
+        name, repo, ref, by_s3, created = row
+        return {"name": name, "repo": repo, "ref": ref, "created_by_s3": by_s3, "created": created}
+
+    def list_buckets(self) -> list[dict]:
+        repos = {name for name, _, _ in self.catalog.list_repos()}
+        return [self._bucket_dict(r) for r in self.catalog.list_buckets() if r[1] in repos]
+
+    def get_bucket(self, name: str) -> dict:
+        row = self.catalog.get_bucket(name)
+        if row is None:
+            raise NotFound(f"bucket {name!r} does not exist (see `fabric bucket list`)")
+        try:
+            self.catalog.get_repo(row[1])
+        except NotFound:
+            # The repository was deleted: the binding went with it.
+            try:
+                self.catalog.delete_bucket(name)
+            except NotFound:
+                pass
+            raise NotFound(f"bucket {name!r} does not exist (its repository {row[1]!r} was deleted)") from None
+        return self._bucket_dict(row)
+
+    def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> dict:
+        """Bind bucket ``name`` to branch or tag ``ref`` of ``repo`` (plain keys over S3)."""
+        check_repo_name(name)
+        self.get_repo(repo)
+        if name != repo:
+            try:
+                self.catalog.get_repo(name)
+                raise Conflict(f"bucket name {name!r} is taken by a repository; choose another name")
+            except NotFound:
+                pass
+        if self.catalog.get_ref(repo, BRANCH, ref) is None and self.catalog.get_ref(repo, TAG, ref) is None:
+            raise NotFound(f"{ref!r} is not a branch or tag of repository {repo!r}; a bucket binds to one of those")
+        stale = self.catalog.get_bucket(name)
+        if stale is not None and stale[1] != repo:
+            try:
+                self.catalog.get_repo(stale[1])
+            except NotFound:
+                self.catalog.delete_bucket(name)
+        self.catalog.create_bucket(name, repo, ref, created_by_s3)
+        return self.get_bucket(name)
+
+    def delete_bucket(self, name: str) -> None:
+        self.catalog.delete_bucket(name)
 
 
 def _same(a: Entry | None, b: Entry | None) -> bool:

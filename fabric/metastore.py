@@ -73,12 +73,19 @@ class MetaStore:
                 self._cache.move_to_end(oid)
                 return self._cache[oid]
         try:
-            stored = self.store.get(object_key(oid))
+            stored = self.raw(oid)
         except ObjectNotFound:
             raise NotFound(f"{KINDS[kind]} {oid} not found in the store") from None
         _, value = decode_object(oid, stored, kind)
         self._remember(oid, value)
         return value
+
+    def cached(self, oid: str) -> bool:
+        with self._lock:
+            return oid in self._cache
+
+    def prefetch(self, kind: bytes, ids: list[str]) -> None:
+        """Hint that these objects will be read soon (a remote-backed store fetches them in one batch)."""
 
     def raw(self, oid: str) -> bytes:
         """The stored bytes of an object (for replication to spokes)."""

@@ -151,6 +151,10 @@ class DataPlane(abc.ABC):
         ref) pins the version read and may spare a lookup."""
         return self.read_stream(repo, ref, path, offset, length)
 
+    def is_stale(self, repo: str, ref: str) -> bool:
+        """Whether reads of ``ref`` may be behind the hub (a spoke cut off from it)."""
+        return False
+
     def read(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> bytes:
         return b"".join(self.read_stream(repo, ref, path, offset, length))
 
@@ -164,8 +168,12 @@ class DataPlane(abc.ABC):
         mode: int = 0o644,
         mtime_ns: int | None = None,
         meta: Mapping[str, str] | None = None,
+        durability: str | None = None,
     ) -> Entry:
-        """Store a stream as a file on a branch (uncommitted, visible to branch reads at once)."""
+        """Store a stream as a file on a branch (uncommitted, visible to branch reads at once).
+
+        ``durability``: ``hub`` (stored at the hub before this returns) or ``local``
+        (a spoke may queue it on its own disk); ``None`` is the plane's default."""
 
     @abc.abstractmethod
     def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
@@ -203,8 +211,9 @@ class DataPlane(abc.ABC):
     ) -> tuple[str, int, list[tuple[str, bytes | None]]]:
         """``(head, staging_seq, [(path, encoded entry or None)])``: a branch's head and its
         staging area, consistent with each other (for caches of branch reads). With
-        ``since_seq`` only rows written after that seq (apply them to an earlier snapshot
-        of the same head)."""
+        ``since_seq`` only rows written after that seq: apply them to an earlier snapshot
+        of the same head, provided no branch event came in between (a commit or a
+        discard removes rows, and both are branch events)."""
 
     @abc.abstractmethod
     def chunk_sink(self) -> ChunkSink:
@@ -221,3 +230,25 @@ class DataPlane(abc.ABC):
     @abc.abstractmethod
     def gc(self, grace: float | None = None, dry_run: bool = False, progress: Progress | None = None) -> dict:
         """Remove what no ref reaches, keeping anything younger than ``grace`` seconds."""
+
+    # -- S3 bucket bindings --------------------------------------------------
+    # A bucket name bound to one branch or tag of a repository; the S3 gateway
+    # serves it with plain keys. Every other bucket name is a repository whose
+    # keys are REF/PATH. Bindings are dicts ``{name, repo, ref, created,
+    # created_by_s3}``.
+    @abc.abstractmethod
+    def list_buckets(self) -> list[dict]:
+        """Every bucket binding, by name."""
+
+    @abc.abstractmethod
+    def get_bucket(self, name: str) -> dict:
+        """The binding of bucket ``name``; NotFound if the name is not bound."""
+
+    @abc.abstractmethod
+    def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> dict:
+        """Bind bucket ``name`` to a branch or tag of ``repo``; Conflict if the name is taken
+        (by a binding, or by another repository)."""
+
+    @abc.abstractmethod
+    def delete_bucket(self, name: str) -> None:
+        """Remove a binding (the repository stays); NotFound if the name is not bound."""

@@ -162,8 +162,17 @@ class Reader:
             return tuple((bytes(c), n) for c, n in self.meta.get(CHUNKLIST, entry.chunklist))
         return entry.chunks
 
-    def read_entry(self, entry: Entry, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
-        """Stream the bytes of a file entry (whole, or ``length`` bytes from ``offset``)."""
+    def read_entry(
+        self,
+        entry: Entry,
+        offset: int = 0,
+        length: int | None = None,
+        readahead: Callable[[list[bytes]], None] | None = None,
+    ) -> Iterator[bytes]:
+        """Stream the bytes of a file entry (whole, or ``length`` bytes from ``offset``).
+
+        ``readahead`` is told the chunk ids of the next batch before the current one is read.
+        """
         if entry.kind != FILE:
             raise BadRequest("not a regular file")
         if offset < 0 or (offset > 0 and offset >= entry.size) or (length is not None and length < 0):
@@ -180,6 +189,8 @@ class Reader:
                 break
         for i in range(0, len(wanted), READ_BATCH):
             batch = wanted[i : i + READ_BATCH]
+            if readahead is not None and i + READ_BATCH < len(wanted):
+                readahead([w[0] for w in wanted[i + READ_BATCH : i + 2 * READ_BATCH]])
             for (_, a, b), data in zip(batch, self.read_chunks([w[0] for w in batch])):
                 yield data[a:b] if (a, b) != (0, len(data)) else data
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat as stat_mod
 from collections.abc import Iterator
@@ -241,12 +242,18 @@ def export_tree(
         else:
             # Not target + suffix: that exceeds NAME_MAX (255 bytes) for long names.
             tmp = os.path.join(os.path.dirname(target), f".fabric-tmp-{os.urandom(6).hex()}")
-            with open(tmp, "wb") as f:
-                for piece in plane.open_file(repo, commit, path, entry):
-                    f.write(piece)
-                    progress.advance(len(piece))
-            os.chmod(tmp, entry.mode)
-            os.replace(tmp, target)
+            try:
+                with open(tmp, "wb") as f:
+                    for piece in plane.open_file(repo, commit, path, entry):
+                        f.write(piece)
+                        progress.advance(len(piece))
+                os.chmod(tmp, entry.mode)
+                os.replace(tmp, target)
+            except BaseException:
+                # A failed read (corruption, network) leaves no partial file behind.
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
         os.utime(target, ns=(entry.mtime_ns, entry.mtime_ns))
 
     with ThreadPoolExecutor(WORKERS) as pool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from .metastore import METARANGE, RANGE, MetaStore
+from .metastore import METARANGE, RANGE, MetaStore, encode_object
 from .model import Entry
 
 #: Average entries per range (a power of two); part of the storage format.
@@ -24,6 +24,8 @@ RANGE_TARGET = 512
 #: Hard cap on entries per range.
 RANGE_MAX = 8 * RANGE_TARGET
 _MASK = RANGE_TARGET - 1
+#: Ranges announced to the metadata store at a time while iterating a tree.
+PREFETCH_RANGES = 64
 
 EMPTY_TREE_RANGES: list = []
 
@@ -45,10 +47,12 @@ class Trees:
 
     def __init__(self, meta: MetaStore) -> None:
         self.meta = meta
-        self.empty = self._write_metarange([])
+        self.empty = encode_object(METARANGE, [])[0]
 
     # -- storage -------------------------------------------------------------
     def ranges(self, tree_id: str) -> list[RangeRef]:
+        if tree_id == self.empty:
+            return []
         return [RangeRef(*r) for r in self.meta.get(METARANGE, tree_id)]
 
     def _write_metarange(self, refs: list[RangeRef]) -> str:
@@ -126,7 +130,9 @@ class Trees:
         lo = max(start, prefix)
         refs = self.ranges(tree_id)
         i = max(0, bisect.bisect_right([r.first for r in refs], lo) - 1)
-        for ref in refs[i:]:
+        for n, ref in enumerate(refs[i:]):
+            if n % PREFETCH_RANGES == 0:
+                self.meta.prefetch(RANGE, [r.id for r in refs[i + n : i + n + PREFETCH_RANGES]])
             if ref.last < lo:
                 continue
             if prefix and ref.first > prefix and not ref.first.startswith(prefix):
@@ -165,6 +171,7 @@ class Trees:
 
     def _items_of(self, refs: list[RangeRef], prefix: str) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
+        self.meta.prefetch(RANGE, [r.id for r in refs])
         for ref in refs:
             if prefix and ref.last < prefix:
                 continue

@@ -421,6 +421,8 @@ class WanProxy:
         """Bind, start the proxy thread, return once it accepts connections."""
         if self._thread is not None:
             raise RuntimeError("WanProxy already started")
+        self._cut = self._stopping = False
+        self._conns = set()
         infos = socket.getaddrinfo(self.listen_host, self.listen_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         self._family, _, _, _, self._sockaddr = infos[0]
         sock = self._bind(listen=True)

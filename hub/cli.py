@@ -22,6 +22,12 @@ log = logging.getLogger("fabric.hub")
 @click.option("--db", metavar="URL", help="Catalog: sqlite:///PATH (default DIR/catalog.db) or postgresql://…")
 @click.option("--store", metavar="URL", help="Pack store: a path (default DIR/store), s3://bucket/prefix or an fsspec URL.")
 @click.option("--no-auth", is_flag=True, help="Accept unauthenticated requests as admin (only for local demos).")
+@click.option(
+    "--s3-autocommit",
+    metavar="SECONDS",
+    type=float,
+    help="Commit what S3 clients write: 0 after every write, N every N seconds (default: never; commit with `fabric commit`).",
+)
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve HTTPS with this certificate (PEM).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Private key for --tls-cert (PEM).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True)
@@ -33,6 +39,7 @@ def hub(
     db: str | None,
     store: str | None,
     no_auth: bool,
+    s3_autocommit: float | None,
     tls_cert: str | None,
     tls_key: str | None,
     log_level: str,
@@ -48,9 +55,13 @@ def hub(
 
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
-    if s3_listen:
-        raise click.UsageError("--s3-listen: the S3 API is not part of this build yet")
+    if s3_autocommit is not None and not s3_listen:
+        raise click.UsageError("--s3-autocommit needs --s3-listen")
+    if s3_autocommit is not None and s3_autocommit < 0:
+        raise click.UsageError("--s3-autocommit: give 0 (after every write) or a number of seconds")
+    s3_addr = parse_listen(s3_listen) if s3_listen else None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     host, port = parse_listen(listen)
     engine = Engine.open(data_dir, db, store)
     tokens = TokenStore(engine.catalog.db)
@@ -67,7 +78,19 @@ def hub(
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_keep_alive=30
     )
-    uvicorn.Server(config).run()
+    if s3_addr is None:
+        uvicorn.Server(config).run()
+        return
+    from fabric.api.s3.serve import s3_uvicorn_config, serve_together
+
+    from .s3 import create_s3_app
+
+    s3_app = create_s3_app(
+        engine, tokens, data_dir, auth=not no_auth, autocommit=s3_autocommit, access_log=log_level in ("debug", "info")
+    )
+    s3_config = s3_uvicorn_config(s3_app, s3_addr[0], s3_addr[1], log_level, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
+    log.info("S3 API on %s://%s:%d", "https" if tls_cert else "http", s3_addr[0], s3_addr[1])
+    serve_together([config, s3_config])
 
 
 def register(cli: click.Group) -> None:

@@ -33,16 +33,22 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> AP
     @router.get("/watch", response_class=StreamingResponse, responses={200: {"content": {"application/x-ndjson": {}}}})
     def watch(
         who: Caller,
-        since: Annotated[int, Query(ge=0)] = 0,
+        since: Annotated[int | None, Query(ge=0, description="last seq seen; omit to start from now")] = None,
         repo: str | None = None,
         once: bool = False,
     ) -> StreamingResponse:
-        """Stream ref changes after ``since`` (``once``: return what is there and close)."""
+        """Stream ref changes after ``since`` (``once``: return what is there and close).
+
+        Without ``since`` the stream starts at the current position, announced
+        by a first heartbeat line carrying its ``seq``."""
         if repo is not None:
             who.require(repo, "read")
 
         async def lines() -> AsyncIterator[bytes]:
             seq = since
+            if seq is None:
+                seq = await anyio.to_thread.run_sync(catalog.last_event_seq)
+                yield _line({"type": "heartbeat", "seq": seq})
             last_sent = time.monotonic()
             while True:
                 events = await anyio.to_thread.run_sync(lambda: catalog.events_after(seq, repo))

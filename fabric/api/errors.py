@@ -5,8 +5,11 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import FabricError
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
 def error_response(exc: FabricError) -> JSONResponse:
@@ -22,6 +25,20 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(FabricError)
     async def fabric_error(_request: Request, exc: FabricError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Framework errors (unknown route, wrong method, a body that is not UTF-8 JSON) in
+        # the same {"error": {code, message}} document as every other error.
+        code = _HTTP_CODES.get(exc.status_code, "badrequest" if exc.status_code < 500 else "internal_error")
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in message:
+            message = "the request body could not be parsed: send JSON encoded as UTF-8 (Content-Type: application/json)"
+        elif exc.status_code == 404 and message == "Not Found":
+            message = f"no such route: {request.method} {request.url.path} (see /openapi.json)"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path} (see /openapi.json)"
+        return JSONResponse({"error": {"code": code, "message": message}}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -6,6 +6,7 @@ repository it touches before calling the plane.
 """
 
 
+import itertools
 import struct
 from email.utils import formatdate
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from ..auth import ROLES, Principal
-from ..errors import BadRequest, FabricError, Forbidden, NotFound, RangeNotSatisfiable
+from ..errors import BadRequest, Corruption, FabricError, Forbidden, NotFound, RangeNotSatisfiable
 from ..listing import Change
 from ..model import Commit
 from ..plane import DataPlane
@@ -460,6 +461,7 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
             "ETag": f'"{entry.md5}"',
             "Accept-Ranges": "bytes",
             "X-Fabric-Commit": commit_id,
+            "X-Fabric-Stale": "true" if p.is_stale(repo, ref) else "false",
             "Last-Modified": _http_date(entry.mtime_ns),
         }
         offset, length, status = 0, entry.size, 200
@@ -488,6 +490,9 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         who: Caller,
         x_fabric_mode: Annotated[str | None, Header(description="octal permission bits, e.g. 644")] = None,
         x_fabric_mtime_ns: Annotated[int | None, Header()] = None,
+        x_fabric_durability: Annotated[
+            Literal["hub", "local"] | None, Header(description="hub: stored at the hub; local: a spoke may queue it")
+        ] = None,
     ) -> dict:
         """Upload a file to a branch (streamed; uncommitted until a commit).
         ``X-Fabric-Meta-*`` headers become user metadata."""
@@ -500,7 +505,7 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         reader = BodyReader(request)
 
         def run() -> Any:
-            return plane().put_object(repo, branch, path, reader, mode, x_fabric_mtime_ns, meta)
+            return plane().put_object(repo, branch, path, reader, mode, x_fabric_mtime_ns, meta, x_fabric_durability)
 
         entry = await anyio.to_thread.run_sync(run)
         return entry_json(path, entry)
@@ -562,7 +567,11 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         """Store a pack of frames; every frame is verified before anything is indexed."""
         _require_any(who, "write")
         data = await _body(request, MAX_PACK_BYTES)
-        chunks, new = await anyio.to_thread.run_sync(lambda: plane().receive_pack(data))
+        try:
+            chunks, new = await anyio.to_thread.run_sync(lambda: plane().receive_pack(data))
+        except Corruption as exc:
+            # The client sent bad bytes: its error (400), not the server's (500).
+            raise BadRequest(f"pack refused, nothing from it was stored: {exc.message}") from exc
         return PackResult(chunks=chunks, new=new)
 
     @router.post(
@@ -575,10 +584,15 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         """Stream ``id(32) length(u32 LE) frame`` records for the given chunk ids."""
         _require_any(who, "read")
         ids = hex_ids(body.ids)
-        p = plane()
+        stream = iter(plane().frames(ids))
+        # Planes may locate chunks lazily: pull the first record now, so an unknown id
+        # is a 404 before the 200 is sent, not a connection dropped mid-stream.
+        first = next(stream, None)
 
         def records() -> Iterator[bytes]:
-            for cid, frame in p.frames(ids):
+            if first is None:
+                return
+            for cid, frame in itertools.chain([first], stream):
                 yield cid + struct.pack("<I", len(frame)) + frame
 
         return StreamingResponse(records(), media_type="application/octet-stream")
@@ -625,6 +639,32 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         who.require_admin()
         return plane().gc(grace, dry_run)
 
+    # -- S3 bucket bindings ------------------------------------------------------------
+    @router.get("/buckets", response_model=list[BucketInfo], tags=["buckets"])
+    def list_buckets(who: Caller) -> list[dict]:
+        return [b for b in plane().list_buckets() if who.can(b["repo"], "read")]
+
+    @router.get("/buckets/{name}", response_model=BucketInfo, tags=["buckets"])
+    def get_bucket(name: str, who: Caller) -> dict:
+        b = plane().get_bucket(name)
+        who.require(b["repo"], "read")
+        return b
+
+    @router.post("/buckets", response_model=BucketInfo, status_code=201, tags=["buckets"])
+    def create_bucket(body: BucketCreate, who: Caller) -> dict:
+        """Bind an S3 bucket name to a branch or tag of a repository (plain keys over S3)."""
+        who.require(body.repo, "admin")
+        if body.created_by_s3:
+            who.require_admin()
+        return plane().create_bucket(body.name, body.repo, body.ref, body.created_by_s3)
+
+    @router.delete("/buckets/{name}", status_code=204, tags=["buckets"])
+    def delete_bucket(name: str, who: Caller) -> Response:
+        """Remove a bucket binding; the repository stays."""
+        who.require(plane().get_bucket(name)["repo"], "admin")
+        plane().delete_bucket(name)
+        return Response(status_code=204)
+
     return router
 
 
@@ -650,3 +690,19 @@ async def _body(request: Request, limit: int) -> bytes:
 
 def _http_date(mtime_ns: int) -> str:
     return formatdate(mtime_ns / 1e9, usegmt=True)
+
+
+# -- S3 bucket bindings (models used by build_router) ---------------------------------------
+class BucketCreate(BaseModel):
+    name: str = Field(description="bucket name: 3-63 of a-z, 0-9 and '-'")
+    repo: str
+    ref: str = Field(description="a branch or tag of the repository")
+    created_by_s3: bool = False
+
+
+class BucketInfo(BaseModel):
+    name: str
+    repo: str
+    ref: str
+    created: float
+    created_by_s3: bool

@@ -355,6 +355,9 @@ class Catalog:
             (repo, kind, name, old, new, time.time()),
         )
 
+    def last_event_seq(self) -> int:
+        return int(self.db.query("SELECT COALESCE(MAX(seq), 0) FROM ref_events")[0][0])
+
     def events_after(self, seq: int, repo: str | None = None, limit: int = 1000) -> list[tuple]:
         sql = "SELECT seq, repo, kind, name, old_commit, new_commit, time FROM ref_events WHERE seq > ?"
         params: list = [seq]
@@ -362,3 +365,31 @@ class Catalog:
             sql += " AND repo = ?"
             params.append(repo)
         return self.db.query(sql + " ORDER BY seq LIMIT ?", params + [limit])
+
+    # -- S3 bucket bindings ----------------------------------------------------
+    def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> None:
+        with self.db.tx() as cur:
+            cur.execute("SELECT 1 FROM buckets WHERE name = ?", (name,))
+            if cur.fetchone():
+                raise Conflict(f"bucket {name!r} already exists (see `fabric bucket list`)")
+            cur.execute(
+                "INSERT INTO buckets (name, repo, ref, created_by_s3, created) VALUES (?, ?, ?, ?, ?)",
+                (name, repo, ref, int(created_by_s3), time.time()),
+            )
+
+    def get_bucket(self, name: str) -> tuple[str, str, str, bool, float] | None:
+        rows = self.db.query("SELECT name, repo, ref, created_by_s3, created FROM buckets WHERE name = ?", (name,))
+        if not rows:
+            return None
+        n, repo, ref, by_s3, created = rows[0]
+        return n, repo, ref, bool(by_s3), created
+
+    def list_buckets(self) -> list[tuple[str, str, str, bool, float]]:
+        rows = self.db.query("SELECT name, repo, ref, created_by_s3, created FROM buckets ORDER BY name")
+        return [(n, repo, ref, bool(by_s3), created) for n, repo, ref, by_s3, created in rows]
+
+    def delete_bucket(self, name: str) -> None:
+        with self.db.tx() as cur:
+            cur.execute("DELETE FROM buckets WHERE name = ?", (name,))
+            if cur.rowcount == 0:
+                raise NotFound(f"bucket {name!r} does not exist (see `fabric bucket list`)")

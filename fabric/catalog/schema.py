@@ -73,3 +73,14 @@ CREATE TABLE IF NOT EXISTS token_roles (
     PRIMARY KEY (token_id, repo)
 )
 """
+
+# S3 bucket bindings (issue 6): a bucket name bound to one branch or tag of a repository.
+SCHEMA += """;
+CREATE TABLE IF NOT EXISTS buckets (
+    name TEXT PRIMARY KEY,
+    repo TEXT NOT NULL,
+    ref TEXT NOT NULL,
+    created_by_s3 INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL
+)
+"""

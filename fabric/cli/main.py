@@ -7,7 +7,7 @@ import importlib
 import click
 
 from .. import __version__
-from . import maint_cmd, objects_cmd, refs_cmd, repo_cmd, token_cmd, transfer_cmd, up_cmd, wan_cmd
+from . import bucket_cmd, maint_cmd, objects_cmd, refs_cmd, repo_cmd, token_cmd, transfer_cmd, up_cmd, wan_cmd
 from .context import DEFAULT_DATA, Ctx
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -58,12 +58,12 @@ def cli(
     ctx.obj = Ctx(data, db, store, server, token, as_json, quiet)
 
 
-for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd, token_cmd, up_cmd, wan_cmd):
+for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd, token_cmd, up_cmd, wan_cmd, bucket_cmd):
     module.register(cli)
 
 #: Service packages add their commands (``fabric hub``, ``fabric spoke``, ...)
 #: by name, so the core library never imports a service.
-SERVICE_COMMANDS = ("hub.cli",)
+SERVICE_COMMANDS = ("hub.cli", "spoke.cli", "fuse.cli")
 for name in SERVICE_COMMANDS:
     importlib.import_module(name).register(cli)
 

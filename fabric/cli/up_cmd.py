@@ -19,8 +19,10 @@ BASE = ".fabric"
 def _service_commands(base: str, host: str) -> list[tuple[str, str, list[str]]]:
     """``(name, url, argv)`` of each service `fabric up` starts."""
     hub_url = f"http://{host}:8600"
+    spoke = ["spoke", "--hub", hub_url, "--cache", os.path.join(base, "spoke"), "--cache-size", "2G"]
     return [
         ("hub", hub_url, ["hub", "--data", os.path.join(base, "hub"), "--listen", f"{host}:8600"]),
+        ("spoke", f"http://{host}:8700", [*spoke, "--listen", f"{host}:8700"]),
     ]
 
 
@@ -43,7 +45,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> No
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @handle_errors
 def up(base: str, host: str) -> None:
-    """Run a hub on embedded defaults (SQLite, local store under DIR) until Ctrl-C.
+    """Run a hub and a spoke on embedded defaults (SQLite, local store under DIR) until Ctrl-C.
 
     Prints the URLs and the admin token to use with --server/--token.
     """
@@ -61,13 +63,16 @@ def up(base: str, host: str) -> None:
 
     signal.signal(signal.SIGTERM, lambda *a: (stop(), sys.exit(0)))
     try:
+        token = ""
         for name, url, argv in _service_commands(base, host):
-            proc = subprocess.Popen([sys.executable, "-m", "fabric.cli.main", *argv])
+            env = dict(os.environ, FABRIC_TOKEN=token)
+            proc = subprocess.Popen([sys.executable, "-m", "fabric.cli.main", *argv], env=env)
             procs.append(proc)
             _wait_healthy(url, proc)
             click.echo(f"{name:5} {url}")
-        with open(os.path.join(base, "hub", "admin.token")) as f:
-            token = f.read().strip()
+            if name == "hub":
+                with open(os.path.join(base, "hub", "admin.token")) as f:
+                    token = f.read().strip()
         click.echo(f"\nexport FABRIC_SERVER=http://{host}:8600 FABRIC_TOKEN={token}")
         click.echo("Ctrl-C to stop.")
         while all(p.poll() is None for p in procs):

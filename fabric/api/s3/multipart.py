@@ -1,0 +1,162 @@
+"""Multipart upload state, kept by the gateway itself (hub or spoke alike).
+
+Parts are chunked and stored as they arrive (through the data plane's chunk
+sink), so only their chunk lists and MD5s live here: a small SQLite database
+in the gateway's state directory. Completing an upload concatenates the parts'
+chunk lists into one file entry; nothing is copied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+
+import msgpack
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS uploads (
+    id TEXT PRIMARY KEY,
+    bucket TEXT NOT NULL,
+    key TEXT NOT NULL,
+    repo TEXT NOT NULL,
+    branch TEXT NOT NULL,
+    path TEXT NOT NULL,
+    meta TEXT NOT NULL,
+    initiator TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS uploads_by_key ON uploads (bucket, key, id);
+CREATE TABLE IF NOT EXISTS parts (
+    upload_id TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    etag TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    chunks BLOB NOT NULL,
+    modified REAL NOT NULL,
+    PRIMARY KEY (upload_id, number)
+);
+"""
+
+MIN_PART_SIZE = 5 * 1024 * 1024
+MAX_PART_SIZE = 5 * 1024 * 1024 * 1024
+MAX_PARTS = 10000
+
+
+@dataclass(frozen=True)
+class Upload:
+    id: str
+    bucket: str
+    key: str
+    repo: str
+    branch: str
+    path: str
+    meta: dict
+    initiator: str
+    created: float
+
+
+@dataclass(frozen=True)
+class Part:
+    number: int
+    etag: str
+    size: int
+    modified: float
+
+
+def multipart_etag(part_md5s: list[str]) -> str:
+    """S3's ETag of a multipart object: MD5 of the parts' binary MD5s, then ``-N``."""
+    return hashlib.md5(b"".join(bytes.fromhex(m) for m in part_md5s)).hexdigest() + f"-{len(part_md5s)}"
+
+
+class Uploads:
+    def __init__(self, state_dir: str) -> None:
+        os.makedirs(state_dir, exist_ok=True)
+        self.path = os.path.join(state_dir, "multipart.db")
+        self._conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def _q(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def create(self, bucket: str, key: str, repo: str, branch: str, path: str, meta: dict, initiator: str) -> str:
+        upload_id = secrets.token_urlsafe(24)
+        self._q(
+            "INSERT INTO uploads (id, bucket, key, repo, branch, path, meta, initiator, created) VALUES (?,?,?,?,?,?,?,?,?)",
+            (upload_id, bucket, key, repo, branch, path, json.dumps(meta), initiator, time.time()),
+        )
+        return upload_id
+
+    def get(self, upload_id: str) -> Upload | None:
+        rows = self._q(
+            "SELECT id, bucket, key, repo, branch, path, meta, initiator, created FROM uploads WHERE id = ?", (upload_id,)
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return Upload(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8])
+
+    def put_part(self, upload_id: str, number: int, etag: str, size: int, chunks: list[tuple[bytes, int]]) -> None:
+        blob = msgpack.packb([[c, n] for c, n in chunks], use_bin_type=True)
+        self._q(
+            "INSERT INTO parts (upload_id, number, etag, size, chunks, modified) VALUES (?,?,?,?,?,?) "
+            "ON CONFLICT (upload_id, number) DO UPDATE SET etag = excluded.etag, size = excluded.size, "
+            "chunks = excluded.chunks, modified = excluded.modified",
+            (upload_id, number, etag, size, blob, time.time()),
+        )
+
+    def parts(self, upload_id: str, after: int = 0, limit: int = 1000) -> list[Part]:
+        rows = self._q(
+            "SELECT number, etag, size, modified FROM parts WHERE upload_id = ? AND number > ? ORDER BY number LIMIT ?",
+            (upload_id, after, limit),
+        )
+        return [Part(*r) for r in rows]
+
+    def part_chunks(self, upload_id: str) -> dict[int, tuple[str, int, list[tuple[bytes, int]]]]:
+        rows = self._q("SELECT number, etag, size, chunks FROM parts WHERE upload_id = ?", (upload_id,))
+        return {n: (etag, size, [(bytes(c), k) for c, k in msgpack.unpackb(blob, raw=False)]) for n, etag, size, blob in rows}
+
+    def delete(self, upload_id: str) -> bool:
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.execute("DELETE FROM parts WHERE upload_id = ?", (upload_id,))
+                cur.execute("DELETE FROM uploads WHERE id = ?", (upload_id,))
+                gone = cur.rowcount > 0
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+            return gone
+
+    def list(self, bucket: str, prefix: str = "", key_marker: str = "", id_marker: str = "", limit: int = 1000) -> list[Upload]:
+        rows = self._q(
+            "SELECT id, bucket, key, repo, branch, path, meta, initiator, created FROM uploads "
+            "WHERE bucket = ? AND key >= ? ORDER BY key, id",
+            (bucket, key_marker),
+        )
+        out = []
+        for r in rows:
+            up = Upload(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8])
+            if not up.key.startswith(prefix):
+                continue
+            if key_marker and up.key == key_marker and (not id_marker or up.id <= id_marker):
+                continue
+            out.append(up)
+            if len(out) > limit:
+                break
+        return out

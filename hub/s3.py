@@ -1,0 +1,23 @@
+"""The hub's S3 listener: the S3 gateway over the engine, with tokens as S3 key pairs."""
+
+from __future__ import annotations
+
+import os
+
+from fabric.api.s3 import S3Gateway
+from fabric.auth import TokenStore
+from fabric.engine import Engine
+
+
+def create_s3_app(
+    engine: Engine, tokens: TokenStore, data_dir: str, auth: bool = True, autocommit: float | None = None,
+    access_log: bool = True,
+) -> S3Gateway:
+    """The hub's S3 gateway; multipart state goes to ``DATA/s3/``."""
+    return S3Gateway(
+        engine,
+        tokens.s3_principal if auth else None,
+        state_dir=os.path.join(data_dir, "s3"),
+        autocommit=autocommit,
+        access_log_enabled=access_log,
+    )

@@ -1,0 +1,67 @@
+"""Callers' tokens at a spoke: checked with the hub, cached briefly, enforced while it is away.
+
+A spoke never lets its own token stand in for a caller's: every request is
+authenticated as the caller (``/auth/whoami`` at the hub with the caller's
+token) and the caller's roles are enforced here. A verdict is reused for
+``ttl`` seconds; while the hub is unreachable the last verdict for a token
+keeps being used, and a token the spoke has never seen is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import httpx
+
+from fabric.auth import Principal
+from fabric.client import raise_for_error
+from fabric.errors import Unauthorized, Unavailable
+
+from .traffic import METADATA, CountingTransport, Traffic
+
+
+class SpokeAuth:
+    def __init__(self, hub_url: str, traffic: Traffic, ttl: float = 30.0) -> None:
+        self.traffic = traffic
+        self.ttl = ttl
+        self._http = httpx.Client(
+            base_url=hub_url.rstrip("/") + "/api/v1", timeout=10.0, transport=CountingTransport(traffic)
+        )
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, Principal | None]] = {}
+
+    def authenticate(self, token: str) -> Principal:
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = time.monotonic()
+        with self._lock:
+            hit = self._seen.get(key)
+        if hit is not None and now - hit[0] < self.ttl:
+            return _verdict(hit[1])
+        try:
+            with self.traffic.purpose(METADATA):
+                response = self._http.get("/auth/whoami", headers={"Authorization": f"Bearer {token}"})
+        except httpx.TransportError:
+            if hit is not None:
+                return _verdict(hit[1])
+            raise Unavailable(
+                "cannot check your token: the hub is unreachable and this spoke has not seen the token recently"
+            ) from None
+        if response.status_code == 401:
+            principal = None
+        else:
+            raise_for_error(response)
+            d = response.json()
+            principal = Principal(d["token_id"], d["name"], d["admin"], d["roles"])
+        with self._lock:
+            if len(self._seen) > 10000:
+                self._seen.clear()
+            self._seen[key] = (now, principal)
+        return _verdict(principal)
+
+
+def _verdict(principal: Principal | None) -> Principal:
+    if principal is None:
+        raise Unauthorized("unknown or revoked token (checked with the hub)")
+    return principal

@@ -1,0 +1,286 @@
+"""The spoke's on-disk cache of immutable blobs (chunk frames, metadata objects).
+
+- **Budget**: the bytes of cached files never exceed ``budget``; space is made
+  before a file is written, under one lock.
+- **Scan resistance**: new blobs enter a small *window* (10% of the budget).
+  When the window overflows, its oldest blob moves to the *main* segment if
+  main has room, or if main's least recently used blob has not been read
+  during the last ``2 x budget`` bytes of reads (it is dead); otherwise the
+  window's blob is dropped. A hit anywhere moves a blob to main's
+  most-recently-used end. On a cyclic scan larger than the cache, main keeps
+  a stable ~90% of the budget that hits every epoch, where plain LRU would
+  hit nothing; a new working set still replaces a dead one.
+- **Pins**: pinned blobs (unflushed writes) are never evicted; they count
+  against the budget.
+- **Verification**: frames are checked against their xxh3 checksum on every
+  read; a corrupt file is dropped (and counted) and the caller refetches.
+- **Restart**: blobs on disk are indexed again at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+WINDOW_FRACTION = 0.10
+DEAD_AFTER_BUDGETS = 2
+
+
+@dataclass
+class _Item:
+    size: int
+    last: int  # read clock at the last access
+
+
+class CacheFull(Exception):
+    """Pinned blobs fill the budget; nothing more can be pinned."""
+
+
+class DiskCache:
+    def __init__(
+        self, root: str, budget: int, verify: Callable[[bytes], bool] | None = None, pinned: set[bytes] = frozenset()
+    ) -> None:
+        self.root = root
+        self.budget = budget
+        self.window_cap = int(budget * WINDOW_FRACTION)
+        self._verify = verify
+        self._lock = threading.Lock()
+        self._window: OrderedDict[bytes, _Item] = OrderedDict()
+        self._main: OrderedDict[bytes, _Item] = OrderedDict()
+        self._pinned: dict[bytes, _Item] = {}
+        self._window_bytes = self._main_bytes = self._pinned_bytes = 0
+        self._clock = 0
+        self._writing: set[bytes] = set()
+        self.hits = self.misses = self.evictions = self.corruptions = 0
+        os.makedirs(root, exist_ok=True)
+        self._reindex(pinned)
+
+    # -- paths and start-up --------------------------------------------------
+    def _path(self, key: bytes) -> str:
+        h = key.hex()
+        return os.path.join(self.root, h[:2], h)
+
+    def _reindex(self, pinned: set[bytes]) -> None:
+        """Index the blobs already on disk; ``pinned`` ones stay pinned, the rest join main."""
+        found = []
+        for sub in os.listdir(self.root):
+            d = os.path.join(self.root, sub)
+            if len(sub) != 2 or not os.path.isdir(d):
+                continue
+            for name in os.listdir(d):
+                path = os.path.join(d, name)
+                if name.startswith(".tmp"):
+                    os.unlink(path)
+                    continue
+                st = os.stat(path)
+                found.append((st.st_mtime, bytes.fromhex(name), st.st_size))
+        for _, key, size in found:
+            if key in pinned:
+                self._pinned[key] = _Item(size, 0)
+                self._pinned_bytes += size
+        for _, key, size in sorted(found):
+            if key in pinned:
+                continue
+            if self.used + size > self.budget:
+                os.unlink(self._path(key))
+                continue
+            self._main[key] = _Item(size, 0)
+            self._main_bytes += size
+
+    # -- accounting ----------------------------------------------------------
+    @property
+    def used(self) -> int:
+        return self._window_bytes + self._main_bytes + self._pinned_bytes
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "cache_bytes": self.used,
+                "cache_budget_bytes": self.budget,
+                "cache_pinned_bytes": self._pinned_bytes,
+                "cache_entries": len(self._window) + len(self._main) + len(self._pinned),
+                "cache_evictions": self.evictions,
+                "cache_corruptions": self.corruptions,
+            }
+
+    def keys(self) -> list[bytes]:
+        """Every cached key (pinned ones included)."""
+        with self._lock:
+            return [*self._window, *self._main, *self._pinned]
+
+    def __contains__(self, key: bytes) -> bool:
+        with self._lock:
+            return key in self._window or key in self._main or key in self._pinned
+
+    # -- reading -------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        """The blob, verified; ``None`` on a miss or when the cached copy was corrupt."""
+        with self._lock:
+            item = self._window.get(key) or self._main.get(key) or self._pinned.get(key)
+            if item is None or key in self._writing:
+                self.misses += 1
+                return None
+        try:
+            with open(self._path(key), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            self._forget(key)
+            return None
+        if len(data) != item.size or (self._verify is not None and not self._verify(data)):
+            self.corruptions += 1
+            self._forget(key, unlink=True)
+            return None
+        with self._lock:
+            self.hits += 1
+            self._clock += item.size
+            item.last = self._clock
+            if key in self._window:
+                del self._window[key]
+                self._window_bytes -= item.size
+                self._main[key] = item
+                self._main_bytes += item.size
+            elif key in self._main:
+                self._main.move_to_end(key)
+        return data
+
+    # -- writing -------------------------------------------------------------
+    def put(self, key: bytes, data: bytes, pin: bool = False, durable: bool = False) -> bool:
+        """Cache a blob; returns False when it was not kept (too big for the window)."""
+        size = len(data)
+        with self._lock:
+            if key in self._pinned or key in self._writing:
+                return True
+            if key in self._window or key in self._main:
+                if pin:
+                    self._pin_locked(key)
+                return True
+            if pin and self._pinned_bytes + size > self.budget:
+                raise CacheFull(f"pinned data would exceed the cache budget of {self.budget} bytes")
+            if not pin and size > self.window_cap:
+                return False
+            self._clock += size
+            if pin:
+                self._pinned[key] = _Item(size, self._clock)
+                self._pinned_bytes += size
+                victims = []
+            else:
+                self._window[key] = _Item(size, self._clock)
+                self._window_bytes += size
+                victims = self._spill_window()
+            # Files of victims go before the new file is written: disk use never exceeds the budget.
+            victims += self._make_room(0)
+            kept = key in self._window or key in self._main or key in self._pinned
+            if kept:
+                self._writing.add(key)
+        for victim in victims:
+            self._unlink(victim)
+        if not kept:
+            return False
+        try:
+            self._write(key, data, durable or pin)
+        finally:
+            with self._lock:
+                self._writing.discard(key)
+        return True
+
+    def pin(self, key: bytes) -> bool:
+        """Pin a cached blob; False when it is not cached."""
+        with self._lock:
+            return self._pin_locked(key)
+
+    def _pin_locked(self, key: bytes) -> bool:
+        for seg, attr in ((self._window, "_window_bytes"), (self._main, "_main_bytes")):
+            item = seg.pop(key, None)
+            if item is not None:
+                setattr(self, attr, getattr(self, attr) - item.size)
+                self._pinned[key] = item
+                self._pinned_bytes += item.size
+                return True
+        return key in self._pinned
+
+    def unpin(self, key: bytes) -> None:
+        with self._lock:
+            item = self._pinned.pop(key, None)
+            if item is None:
+                return
+            self._pinned_bytes -= item.size
+            self._main[key] = item
+            self._main_bytes += item.size
+            victims = self._make_room(0)
+        for victim in victims:
+            self._unlink(victim)
+
+    def drop(self, key: bytes) -> None:
+        self._forget(key, unlink=True)
+
+    # -- internals (called with the lock held) -------------------------------
+    def _make_room(self, size: int) -> list[bytes]:
+        """Evict until ``size`` more bytes fit: unproven window blobs first, then main's LRU."""
+        victims = []
+        while self.used + size > self.budget and (self._window or self._main):
+            seg = self._window if self._window else self._main
+            key, item = seg.popitem(last=False)
+            if seg is self._window:
+                self._window_bytes -= item.size
+            else:
+                self._main_bytes -= item.size
+            self.evictions += 1
+            victims.append(key)
+        return victims
+
+    def _spill_window(self) -> list[bytes]:
+        victims = []
+        while self._window_bytes > self.window_cap:
+            key, item = self._window.popitem(last=False)
+            self._window_bytes -= item.size
+            main_cap = self.budget - self.window_cap - self._pinned_bytes
+            while self._main and self._main_bytes + item.size > main_cap and self._dead(next(iter(self._main.values()))):
+                old_key, old = self._main.popitem(last=False)
+                self._main_bytes -= old.size
+                self.evictions += 1
+                victims.append(old_key)
+            if self._main_bytes + item.size <= main_cap:
+                self._main[key] = item
+                self._main_bytes += item.size
+            else:
+                self.evictions += 1
+                victims.append(key)
+        return victims
+
+    def _dead(self, item: _Item) -> bool:
+        return self._clock - item.last > DEAD_AFTER_BUDGETS * self.budget
+
+    def _forget(self, key: bytes, unlink: bool = False) -> None:
+        with self._lock:
+            for seg, attr in ((self._window, "_window_bytes"), (self._main, "_main_bytes"), (self._pinned, "_pinned_bytes")):
+                item = seg.pop(key, None)
+                if item is not None:
+                    setattr(self, attr, getattr(self, attr) - item.size)
+        if unlink:
+            self._unlink(key)
+
+    def _unlink(self, key: bytes) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+
+    def _write(self, key: bytes, data: bytes, durable: bool) -> None:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{os.path.dirname(path)}/.tmp-{os.getpid()}-{threading.get_ident()}-{key.hex()[:16]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if durable:
+            fd = os.open(os.path.dirname(path), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

@@ -1,0 +1,69 @@
+"""``fabric spoke``: run a spoke next to the GPUs."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from fabric.cli.context import handle_errors
+from fabric.net import parse_listen
+from fabric.sizes import parse_size
+
+log = logging.getLogger("fabric.spoke")
+
+
+@click.command("spoke")
+@click.option("--hub", "hub_url", required=True, metavar="URL", help="The hub this spoke caches, e.g. http://hub:8600.")
+@click.option("--cache", "cache_dir", required=True, metavar="DIR", help="Cache directory (survives restarts).")
+@click.option("--cache-size", required=True, metavar="SIZE", help="Cache budget, never exceeded: e.g. 50G, 512MiB.")
+@click.option("--listen", default="127.0.0.1:8700", show_default=True, metavar="HOST:PORT", help="REST API address.")
+@click.option("--s3-listen", metavar="HOST:PORT", help="Also serve the S3 API on this address.")
+@click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="The spoke's own token at the hub (needs read, and write to accept writes). Env: FABRIC_TOKEN.")
+@click.option("--lease", type=float, default=10.0, show_default=True, metavar="SECONDS", help="How stale a branch head may be when the hub's watch stream is down.")
+@click.option("--durability", type=click.Choice(["hub", "local"]), default="hub", show_default=True, help="Default for writes: hub = stored at the hub before success; local = queued on this spoke's disk, pushed when the hub is reachable.")
+@click.option("--no-auth", is_flag=True, help="Accept unauthenticated requests as admin (only for local demos).")
+@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True)
+@handle_errors
+def spoke(
+    hub_url: str,
+    cache_dir: str,
+    cache_size: str,
+    listen: str,
+    s3_listen: str | None,
+    token: str | None,
+    lease: float,
+    durability: str,
+    no_auth: bool,
+    log_level: str,
+) -> None:
+    """Run a spoke: the hub's API next to the GPUs, served from a local cache.
+
+    Reads are served from the cache and fetch only missing chunks from the
+    hub; writes go to the hub (or, with --durability local, are queued here
+    while the hub is away). Callers use their own tokens; the spoke checks
+    them with the hub.
+    """
+    import uvicorn
+
+    from .app import create_app
+    from .auth import SpokeAuth
+    from .plane import SpokePlane
+
+    if s3_listen:
+        raise click.UsageError("--s3-listen: the S3 API is not part of this build yet")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    host, port = parse_listen(listen)
+    plane = SpokePlane(hub_url, token, cache_dir, parse_size(cache_size), lease=lease, durability=durability)
+    auth = None if no_auth else SpokeAuth(hub_url, plane.traffic)
+    log.info("spoke of %s: cache %s (%s), durability %s", hub_url, cache_dir, cache_size, durability)
+    app = create_app(plane, auth)
+    try:
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)).run()
+    finally:
+        plane.close()
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(spoke)

@@ -1,0 +1,253 @@
+"""Coherence at a spoke: which commit a branch or tag names now, and its staging.
+
+The hub pushes every ref and staging change down the watch stream, so while
+the stream is up a spoke answers "where is main?" without a round trip and
+sees every commit that completed before (close-to-open, bounded by the
+stream's delivery delay). When the stream is down, a value fetched less than
+``lease`` seconds ago is still used; after that the spoke asks the hub, and
+if the hub cannot be reached it serves the last value it knew, marked stale.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from fabric.client import HttpPlane
+from fabric.errors import FabricError, Unavailable
+
+from .traffic import METADATA, Traffic
+
+log = logging.getLogger("fabric.spoke")
+
+#: The stream counts as live while something (event or heartbeat) arrived this recently.
+STREAM_SILENCE_LIMIT = 12.0
+
+
+@dataclass
+class _Ref:
+    commit: str
+    fetched: float
+    by_event: float = 0.0
+
+
+class RefTracker:
+    def __init__(self, upstream: HttpPlane, traffic: Traffic, lease: float = 10.0) -> None:
+        self.upstream = upstream
+        self.traffic = traffic
+        self.lease = lease
+        self._lock = threading.Lock()
+        self._refs: dict[tuple[str, str, str], _Ref] = {}
+        self._listed: dict[str, float] = {}
+        self._staging_seq: dict[tuple[str, str], int] = {}
+        self._generation: dict[tuple[str, str], int] = {}
+        self.seq: int | None = None
+        self._last_heard = 0.0
+        self._connected_since: float | None = None
+        self._stop = threading.Event()
+        self.events = 0
+        self._thread = threading.Thread(target=self._run, name="watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- the stream ----------------------------------------------------------
+    def _run(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                with self.traffic.purpose(METADATA):
+                    for event in self.upstream.watch(self.seq):
+                        if self._stop.is_set():
+                            return
+                        self._heard()
+                        backoff = 0.2
+                        if event.get("type") != "heartbeat":
+                            self._apply(event)
+                        self.seq = event["seq"]
+            except FabricError as exc:
+                log.info("watch stream down: %s", exc.message)
+            except Exception as exc:  # noqa: BLE001 - keep reconnecting whatever broke
+                log.info("watch stream down: %s", exc)
+            with self._lock:
+                self._connected_since = None
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _heard(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._last_heard = now
+            if self._connected_since is None:
+                self._connected_since = now
+
+    def _apply(self, event: dict) -> None:
+        self.events += 1
+        repo, kind, name, new = event["repo"], event["kind"], event["name"], event["new"]
+        now = time.monotonic()
+        with self._lock:
+            if kind == "repo":
+                for key in [k for k in self._refs if k[0] == repo]:
+                    del self._refs[key]
+                self._listed.pop(repo, None)
+            elif kind == "staging":
+                self._staging_seq[(repo, name)] = int(new)
+            else:
+                if kind == "branch":
+                    self._generation[(repo, name)] = self._generation.get((repo, name), 0) + 1
+                if new is None:
+                    self._refs.pop((repo, kind, name), None)
+                else:
+                    self._refs[(repo, kind, name)] = _Ref(new, now, now)
+
+    def live(self) -> bool:
+        """Is the watch stream delivering (so cached refs are current)?"""
+        with self._lock:
+            return self._connected_since is not None and time.monotonic() - self._last_heard < STREAM_SILENCE_LIMIT
+
+    # -- lookups -------------------------------------------------------------
+    def ref(self, repo: str, kind: str, name: str) -> tuple[str | None, bool]:
+        """``(commit or None if no such ref, stale)`` for a branch or tag."""
+        key = (repo, kind, name)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._refs.get(key)
+            live = self._connected_since is not None and now - self._last_heard < STREAM_SILENCE_LIMIT
+            listed = self._listed.get(repo)
+            authoritative = live and listed is not None and listed >= (self._connected_since or now)
+        if hit is not None and (live or now - hit.fetched < self.lease):
+            return hit.commit, False
+        if hit is None and authoritative:
+            return None, False
+        try:
+            self.refresh(repo)
+        except Unavailable:
+            if hit is not None:
+                return hit.commit, True
+            raise
+        with self._lock:
+            hit = self._refs.get(key)
+        return (hit.commit if hit else None), False
+
+    def refresh(self, repo: str) -> None:
+        """Fetch every branch and tag of ``repo`` from the hub."""
+        started = time.monotonic()
+        with self.traffic.purpose(METADATA):
+            branches = self.upstream.list_branches(repo)
+            tags = self.upstream.list_tags(repo)
+        now = time.monotonic()
+        with self._lock:
+            fresh = {(repo, "branch", b["name"]): b["commit_id"] for b in branches}
+            fresh.update({(repo, "tag", t["name"]): t["commit_id"] for t in tags})
+            for key in [k for k in self._refs if k[0] == repo and k not in fresh]:
+                if self._refs[key].by_event < started:
+                    del self._refs[key]
+            for key, commit in fresh.items():
+                old = self._refs.get(key)
+                if old is None or old.by_event < started:
+                    self._refs[key] = _Ref(commit, now)
+            self._listed[repo] = started
+
+    def note(self, repo: str, kind: str, name: str, commit: str | None) -> None:
+        """Record a ref change this spoke made itself (read-your-writes before the event arrives)."""
+        with self._lock:
+            if commit is None:
+                self._refs.pop((repo, kind, name), None)
+            else:
+                self._refs[(repo, kind, name)] = _Ref(commit, time.monotonic(), time.monotonic())
+
+    def staging_seq(self, repo: str, branch: str) -> int | None:
+        with self._lock:
+            return self._staging_seq.get((repo, branch))
+
+    def generation(self, repo: str, branch: str) -> int:
+        """Counts branch events (commits, resets, discards) seen for a branch."""
+        with self._lock:
+            return self._generation.get((repo, branch), 0)
+
+
+@dataclass
+class BranchStaging:
+    """A snapshot of a branch's staging area (implements :class:`fabric.reader.Staging`)."""
+
+    head: str
+    seq: int
+    items: dict[str, bytes | None]
+    fetched: float
+    generation: int = 0
+    _keys: list[str] | None = field(default=None, repr=False)
+
+    def entry(self, path: str) -> tuple[bool, bytes | None]:
+        if path in self.items:
+            return True, self.items[path]
+        return False, None
+
+    def between(self, start: str, end: str | None) -> Iterator[tuple[str, bytes | None]]:
+        if self._keys is None:
+            self._keys = sorted(self.items)
+        i = bisect.bisect_left(self._keys, start)
+        for path in self._keys[i:]:
+            if end is not None and path >= end:
+                return
+            yield path, self.items[path]
+
+
+class StagingCache:
+    """Per-branch staging snapshots, refreshed incrementally when the hub says they changed."""
+
+    def __init__(self, upstream: HttpPlane, tracker: RefTracker, traffic: Traffic) -> None:
+        self.upstream = upstream
+        self.tracker = tracker
+        self.traffic = traffic
+        self._lock = threading.Lock()
+        self._snaps: dict[tuple[str, str], BranchStaging] = {}
+
+    def invalidate(self, repo: str, branch: str) -> None:
+        with self._lock:
+            snap = self._snaps.get((repo, branch))
+            if snap is not None:
+                snap.fetched = -1e18  # forces an (incremental) refresh on the next read
+
+    def get(self, repo: str, branch: str, head: str) -> tuple[BranchStaging, bool]:
+        """``(snapshot, stale)`` of the staging area; the snapshot's ``head`` may be newer than ``head``."""
+        key = (repo, branch)
+        with self._lock:
+            snap = self._snaps.get(key)
+        now = time.monotonic()
+        live = self.tracker.live()
+        same = snap is not None and snap.head == head and snap.generation == self.tracker.generation(repo, branch)
+        if snap is not None and same and snap.fetched > 0:
+            seq = self.tracker.staging_seq(repo, branch)
+            if live and (seq is None or seq <= snap.seq):
+                return snap, False
+            if not live and now - snap.fetched < self.tracker.lease:
+                return snap, False
+        try:
+            snap = self._fetch(repo, branch, snap if (same and live) else None)
+        except Unavailable:
+            if snap is not None:
+                return snap, True
+            return BranchStaging(head, 0, {}, now), True
+        return snap, False
+
+    def _fetch(self, repo: str, branch: str, base: BranchStaging | None) -> BranchStaging:
+        """A fresh snapshot; incremental on top of ``base`` when given."""
+        generation = self.tracker.generation(repo, branch)
+        with self.traffic.purpose(METADATA):
+            head, seq, rows = self.upstream.staging_snapshot(repo, branch, base.seq if base else 0)
+            if base is not None and head != base.head:
+                head, seq, rows = self.upstream.staging_snapshot(repo, branch, 0)
+                base = None
+        items = dict(base.items) if base is not None else {}
+        items.update(rows)
+        snap = BranchStaging(head, seq, items, time.monotonic(), generation)
+        with self._lock:
+            self._snaps[(repo, branch)] = snap
+        return snap

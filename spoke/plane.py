@@ -1,0 +1,466 @@
+"""SpokePlane: the data plane of a spoke, a cache in front of a hub.
+
+Reads (resolve, stat, list, log, diff, file bytes) are answered from the
+local cache and fetched from the hub only when missing: metadata objects in
+batches, chunks through the fetch scheduler. Writes and ref changes go to the
+hub; writes asking ``local`` durability are queued on the spoke's disk and
+pushed when the hub is reachable. Reads of a branch see the hub's staging
+area and this spoke's queued writes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import BinaryIO
+
+import httpx
+
+from fabric import frames, packs
+from fabric.client import UPLOAD_PACK_SIZE, HttpPlane
+from fabric.errors import BadRequest, FabricError, NotFound, Unavailable
+from fabric.ingest import PackSession, file_entry, ingest_stream
+from fabric.listing import Change, Listing, change_kind
+from fabric.model import FILE, Commit, Entry
+from fabric.paths import COMMIT_ID_RE, check_path, check_prefix
+from fabric.plane import DataPlane
+from fabric.progress import Progress
+from fabric.reader import Reader, View
+from fabric.refs import parse_ref
+from fabric.tree import Trees
+
+from .cache import DiskCache
+from .coherence import RefTracker, StagingCache
+from .fetch import READAHEAD, FetchScheduler
+from .metacache import SpokeMetaStore
+from .traffic import PUSH, CountingTransport, Traffic
+from .writeback import open_writeback
+
+HUB = "hub"
+LOCAL = "local"
+#: Share of the cache budget for metadata objects (ranges, commits, chunk lists).
+META_SHARE = 0.1
+
+
+class OverlayStaging:
+    """Queued local writes on top of the hub's staging snapshot (a :class:`fabric.reader.Staging`)."""
+
+    def __init__(self, pending: dict[str, bytes | None], base) -> None:  # noqa: ANN001 - a Staging
+        self.pending = pending
+        self.base = base
+        self._keys = sorted(pending)
+
+    def entry(self, path: str) -> tuple[bool, bytes | None]:
+        if path in self.pending:
+            return True, self.pending[path]
+        return self.base.entry(path)
+
+    def between(self, start: str, end: str | None) -> Iterator[tuple[str, bytes | None]]:
+        i = bisect.bisect_left(self._keys, start)
+        mine = [k for k in self._keys[i:] if end is None or k < end]
+        j = 0
+        for path, enc in self.base.between(start, end):
+            while j < len(mine) and mine[j] < path:
+                yield mine[j], self.pending[mine[j]]
+                j += 1
+            if j < len(mine) and mine[j] == path:
+                continue
+            yield path, enc
+        for k in mine[j:]:
+            yield k, self.pending[k]
+
+
+class SpokePlane(DataPlane):
+    def __init__(
+        self,
+        hub_url: str,
+        token: str | None,
+        cache_dir: str,
+        cache_size: int,
+        lease: float = 10.0,
+        durability: str = HUB,
+        fetch_workers: int = 4,
+    ) -> None:
+        if durability not in (HUB, LOCAL):
+            raise BadRequest(f"unknown durability {durability!r}: use 'hub' or 'local'")
+        self.traffic = Traffic()
+        self.upstream = HttpPlane(hub_url, token, transport=CountingTransport(self.traffic, httpx.HTTPTransport(retries=1)))
+        os.makedirs(cache_dir, exist_ok=True)
+        self.writeback = open_writeback(cache_dir)
+        meta_budget = max(1 << 20, int(cache_size * META_SHARE))
+        self.chunk_cache = DiskCache(
+            os.path.join(cache_dir, "chunks"), cache_size - meta_budget, frames.verify_checksum, self.writeback.pinned_chunks()
+        )
+        self.meta_cache = DiskCache(os.path.join(cache_dir, "meta"), meta_budget)
+        self.meta = SpokeMetaStore(self.meta_cache, self.upstream.get_objects, self.traffic)
+        self.trees = Trees(self.meta)
+        self.fetcher = FetchScheduler(self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers)
+        self.reader = Reader(self.meta, self.trees, self.fetcher.read)
+        self.tracker = RefTracker(self.upstream, self.traffic, lease)
+        self.staging = StagingCache(self.upstream, self.tracker, self.traffic)
+        self.durability = durability
+        self._repos: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self.tracker.start()
+        self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self.staging.invalidate)
+
+    def close(self) -> None:
+        self.tracker.stop()
+        self.writeback.stop()
+        self.fetcher.stop()
+        self.upstream.close()
+
+    # -- views ---------------------------------------------------------------
+    def view(self, repo: str, ref: str) -> tuple[View, bool]:
+        """What a read of ``repo@ref`` sees now, and whether it may be stale (hub away)."""
+        expr = parse_ref(ref)
+        commit, stale = self.tracker.ref(repo, "branch", expr.base)
+        branch, staging = None, None
+        if commit is not None and expr.plain:
+            snap, snap_stale = self.staging.get(repo, expr.base, commit)
+            commit, stale, branch = snap.head, stale or snap_stale, expr.base
+            staging = OverlayStaging(self.writeback.pending(repo, branch), snap)
+        elif commit is None:
+            commit, stale = self.tracker.ref(repo, "tag", expr.base)
+            if commit is None:
+                commit = self._commit_id(repo, expr.base)
+        for _ in range(expr.ancestors):
+            parents = self.reader.get_commit(commit).parents
+            if not parents:
+                raise NotFound(f"{ref!r} goes back past the first commit of {repo!r}")
+            commit = parents[0]
+        return View(repo, commit, self.reader.get_commit(commit).tree, branch, staging), stale
+
+    def _commit_id(self, repo: str, text: str) -> str:
+        if not COMMIT_ID_RE.match(text):
+            raise NotFound(f"no branch, tag or commit {text!r} in repository {repo!r}")
+        if len(text) == 64:
+            self.reader.get_commit(text)
+            return text
+        return self.upstream.resolve_commit(repo, text)
+
+    def is_stale(self, repo: str, ref: str) -> bool:
+        return self.view(repo, ref)[1]
+
+    # -- repositories --------------------------------------------------------
+    def create_repo(self, name: str, default_branch: str = "main") -> dict:
+        return self.upstream.create_repo(name, default_branch)
+
+    def get_repo(self, name: str) -> dict:
+        try:
+            info = self.upstream.get_repo(name)
+        except Unavailable:
+            with self._lock:
+                if name in self._repos:
+                    return self._repos[name]
+            raise
+        with self._lock:
+            self._repos[name] = info
+        return info
+
+    def list_repos(self) -> list[dict]:
+        try:
+            repos = self.upstream.list_repos()
+        except Unavailable:
+            with self._lock:
+                return sorted(self._repos.values(), key=lambda r: r["name"])
+        with self._lock:
+            self._repos = {r["name"]: r for r in repos}
+        return repos
+
+    def delete_repo(self, name: str) -> None:
+        self.upstream.delete_repo(name)
+
+    # -- refs (changes go to the hub) -----------------------------------------
+    def resolve_commit(self, repo: str, ref: str) -> str:
+        return self.view(repo, ref)[0].commit_id
+
+    def list_branches(self, repo: str) -> list[dict]:
+        return self.upstream.list_branches(repo)
+
+    def create_branch(self, repo: str, name: str, source: str) -> dict:
+        info = self.upstream.create_branch(repo, name, source)
+        self.tracker.note(repo, "branch", name, info["commit_id"])
+        return info
+
+    def delete_branch(self, repo: str, name: str) -> None:
+        self.upstream.delete_branch(repo, name)
+        self.tracker.note(repo, "branch", name, None)
+
+    def reset_branch(self, repo: str, name: str, ref: str) -> dict:
+        info = self.upstream.reset_branch(repo, name, ref)
+        self._moved(repo, name, info["commit_id"])
+        return info
+
+    def list_tags(self, repo: str) -> list[dict]:
+        return self.upstream.list_tags(repo)
+
+    def create_tag(self, repo: str, name: str, ref: str) -> dict:
+        info = self.upstream.create_tag(repo, name, ref)
+        self.tracker.note(repo, "tag", name, info["commit_id"])
+        return info
+
+    def delete_tag(self, repo: str, name: str) -> None:
+        self.upstream.delete_tag(repo, name)
+        self.tracker.note(repo, "tag", name, None)
+
+    def _moved(self, repo: str, branch: str, commit: str) -> None:
+        self.tracker.note(repo, "branch", branch, commit)
+        self.staging.invalidate(repo, branch)
+
+    # -- commits -------------------------------------------------------------
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        return self.reader.get_commit(commit_id)
+
+    def log(self, repo: str, ref: str, path: str | None = None, limit: int = 100, after: str | None = None) -> list[Commit]:
+        if path:
+            check_path(path.rstrip("/"))
+        return self.reader.log(self.view(repo, ref)[0].commit_id, path, limit, after)
+
+    def commit(
+        self,
+        repo: str,
+        branch: str,
+        message: str,
+        author: str | None = None,
+        meta: Mapping[str, str] | None = None,
+        expected_head: str | None = None,
+        allow_empty: bool = False,
+    ) -> Commit:
+        self.writeback.flush(repo, branch)  # queued writes land before the commit that should hold them
+        c = self.upstream.commit(repo, branch, message, author, meta, expected_head, allow_empty)
+        self._moved(repo, branch, c.id)
+        return c
+
+    def commit_changes(
+        self,
+        repo: str,
+        branch: str,
+        changes: Mapping[str, Entry | None],
+        message: str,
+        author: str | None = None,
+        meta: Mapping[str, str] | None = None,
+        expected_head: str | None = None,
+        allow_empty: bool = False,
+    ) -> Commit:
+        with self.traffic.purpose(PUSH):
+            c = self.upstream.commit_changes(repo, branch, changes, message, author, meta, expected_head, allow_empty)
+        self._moved(repo, branch, c.id)
+        return c
+
+    def diff(self, repo: str, left: str, right: str, prefix: str = "") -> Iterator[Change]:
+        check_prefix(prefix)
+        ltree, rtree = self.view(repo, left)[0].tree, self.view(repo, right)[0].tree
+        for path, a, b in self.trees.diff(ltree, rtree, prefix):
+            yield Change(path, change_kind(a, b), a, b)
+
+    def uncommitted(self, repo: str, branch: str, prefix: str = "") -> Iterator[Change]:
+        return self.upstream.uncommitted(repo, branch, prefix)
+
+    def merge(
+        self, repo: str, source: str, dest: str, strategy: str | None = None, message: str | None = None, author: str | None = None
+    ) -> Commit:
+        c = self.upstream.merge(repo, source, dest, strategy, message, author)
+        self._moved(repo, dest, c.id)
+        return c
+
+    def revert(self, repo: str, branch: str, commit_ref: str, parent: int = 1, author: str | None = None) -> Commit:
+        c = self.upstream.revert(repo, branch, commit_ref, parent, author)
+        self._moved(repo, branch, c.id)
+        return c
+
+    # -- reading -------------------------------------------------------------
+    def stat(self, repo: str, ref: str, path: str) -> Entry:
+        check_path(path)
+        entry = self.reader.stat(self.view(repo, ref)[0], path)
+        if entry is None:
+            raise NotFound(f"{path!r} not found in {repo}@{ref}")
+        return entry
+
+    def stat_chunks(self, repo: str, ref: str, path: str) -> Entry:
+        entry = self.stat(repo, ref, path)
+        if entry.chunklist:
+            return entry.with_(chunks=self.reader.chunk_list(entry), chunklist=None)
+        return entry
+
+    def list(self, repo: str, ref: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> Listing:
+        check_prefix(prefix)
+        if delimiter not in ("", "/"):
+            raise BadRequest("only '/' is supported as a delimiter")
+        if limit < 1:
+            raise BadRequest("limit must be at least 1")
+        return self.reader.list_view(self.view(repo, ref)[0], prefix, delimiter, after, limit)
+
+    def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
+        return self.open_file(repo, ref, path, None, offset, length)
+
+    def open_file(
+        self, repo: str, ref: str, path: str, entry: Entry | None = None, offset: int = 0, length: int | None = None
+    ) -> Iterator[bytes]:
+        if entry is None or (entry.kind == FILE and not entry.chunks and not entry.chunklist and entry.size):
+            entry = self.stat(repo, ref, path)
+        if entry.kind != FILE:
+            raise BadRequest(f"{path!r} in {repo}@{ref} is a {entry.kind}, not a file")
+        return self.reader.read_entry(entry, offset, length, readahead=lambda ids: self.fetcher.prefetch(ids, READAHEAD))
+
+    # -- writing -------------------------------------------------------------
+    def _durability(self, asked: str | None) -> str:
+        mode = asked or self.durability
+        if mode not in (HUB, LOCAL):
+            raise BadRequest(f"unknown durability {mode!r}: use 'hub' or 'local'")
+        return mode
+
+    def put_object(
+        self,
+        repo: str,
+        branch: str,
+        path: str,
+        stream: BinaryIO,
+        mode: int = 0o644,
+        mtime_ns: int | None = None,
+        meta: Mapping[str, str] | None = None,
+        durability: str | None = None,
+    ) -> Entry:
+        check_path(path)
+        if self._durability(durability) == LOCAL:
+            self._require_branch(repo, branch)
+            sink = PackSession(lambda ids: list(ids), self._pin_pack, UPLOAD_PACK_SIZE)
+            chunks, md5 = ingest_stream(stream, sink)
+            sink.close()
+            entry = file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
+            self.writeback.enqueue(repo, branch, {path: entry})
+            return entry
+        try:
+            with self.traffic.purpose(PUSH):
+                sink = self.chunk_sink()
+                chunks, md5 = ingest_stream(stream, sink)
+                sink.close()
+                entry = file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
+                self.upstream.stage(repo, branch, {path: entry})
+        except Unavailable as exc:
+            raise Unavailable(
+                f"the hub is unreachable and this write asked for hub durability ({exc.message}); "
+                "retry later, or write with durability 'local' to queue it at the spoke"
+            ) from exc
+        self.staging.invalidate(repo, branch)
+        return entry
+
+    def _require_branch(self, repo: str, branch: str) -> None:
+        commit, _ = self.tracker.ref(repo, "branch", branch)
+        if commit is None:
+            raise NotFound(f"branch {branch!r} does not exist in repository {repo!r}")
+
+    def _pin_pack(self, builder: packs.PackBuilder) -> None:
+        """Keep a queued write's frames pinned (and fsynced) in the cache until they reach the hub."""
+        data = builder.finish()
+        for c in builder.chunks:
+            self.chunk_cache.put(c.id, data[c.offset : c.offset + c.length], pin=True)
+
+    def _cache_pack(self, builder: packs.PackBuilder) -> None:
+        data = builder.finish()
+        self.upstream.receive_pack(data)
+        for c in builder.chunks:
+            self.chunk_cache.put(c.id, data[c.offset : c.offset + c.length])
+
+    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
+        self.upstream.stage(repo, branch, changes)
+        self.staging.invalidate(repo, branch)
+
+    def delete_object(self, repo: str, branch: str, path: str) -> None:
+        check_path(path)
+        if self.durability == LOCAL:
+            self.stat(repo, branch, path)  # NotFound if absent
+            self.writeback.enqueue(repo, branch, {path: None})
+            return
+        self.upstream.delete_object(repo, branch, path)
+        self.staging.invalidate(repo, branch)
+
+    def discard(self, repo: str, branch: str) -> None:
+        self.upstream.discard(repo, branch)
+        self.staging.invalidate(repo, branch)
+
+    # -- chunk exchange ------------------------------------------------------
+    def missing_chunks(self, ids: Sequence[bytes]) -> list[bytes]:
+        return self.upstream.missing_chunks(ids)
+
+    def receive_pack(self, data: bytes) -> tuple[int, int]:
+        return self.upstream.receive_pack(data)
+
+    def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        return self.fetcher.frames_for(list(ids))
+
+    def chunk_sink(self) -> PackSession:
+        """New chunks go to the hub (only those it lacks) and into this spoke's cache."""
+        return PackSession(self.upstream.missing_chunks, self._cache_pack, UPLOAD_PACK_SIZE)
+
+    def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
+        self.meta.prefetch(b"", [oid for oid in ids])
+        out = {}
+        for oid in ids:
+            try:
+                out[oid] = self.meta.raw(oid)
+            except FabricError:
+                continue
+        return out
+
+    def staging_snapshot(self, repo: str, branch: str, since_seq: int = 0) -> tuple[str, int, list[tuple[str, bytes | None]]]:
+        return self.upstream.staging_snapshot(repo, branch, since_seq)
+
+    # -- bucket bindings (kept at the hub) ------------------------------------
+    def list_buckets(self) -> list[dict]:
+        return self.upstream.list_buckets()
+
+    def get_bucket(self, name: str) -> dict:
+        return self.upstream.get_bucket(name)
+
+    def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> dict:
+        return self.upstream.create_bucket(name, repo, ref, created_by_s3)
+
+    def delete_bucket(self, name: str) -> None:
+        self.upstream.delete_bucket(name)
+
+    # -- administration ------------------------------------------------------
+    def stats(self) -> dict:
+        chunk, meta = self.chunk_cache.stats(), self.meta_cache.stats()
+        return {
+            "role": "spoke",
+            **self.traffic.snapshot(),
+            "cache_bytes": chunk["cache_bytes"] + meta["cache_bytes"],
+            "cache_budget_bytes": chunk["cache_budget_bytes"] + meta["cache_budget_bytes"],
+            "cache_chunk_bytes": chunk["cache_bytes"],
+            "cache_meta_bytes": meta["cache_bytes"],
+            "cache_pinned_bytes": chunk["cache_pinned_bytes"],
+            "cache_evictions": chunk["cache_evictions"] + meta["cache_evictions"],
+            "cache_corruptions": chunk["cache_corruptions"] + meta["cache_corruptions"],
+            "cache_refetched": self.fetcher.refetched,
+            "cache_hit_bytes": self.fetcher.hit_bytes,
+            "cache_miss_bytes": self.fetcher.miss_bytes,
+            "writeback_pending": self.writeback.count(),
+            "writeback_landed": self.writeback.landed,
+            "watch_stream_live": self.tracker.live(),
+            "watch_events": self.tracker.events,
+        }
+
+    def fsck(self, deep: bool = True, progress: Progress | None = None) -> dict:
+        """Verify the spoke's cache: every cached frame against its checksum and id."""
+        problems = []
+        checked = 0
+        for key in self.chunk_cache.keys():
+            frame = self.chunk_cache.get(key)
+            checked += 1
+            if frame is None:
+                problems.append(f"cached chunk {key.hex()} was corrupt and has been dropped")
+                continue
+            try:
+                frames.decode(frame, key)
+            except FabricError as exc:
+                self.chunk_cache.drop(key)
+                problems.append(f"{exc.message} (dropped from the cache)")
+        return {"ok": not problems, "chunks": checked, "problems": problems, "scope": "spoke cache"}
+
+    def gc(self, grace: float | None = None, dry_run: bool = False, progress: Progress | None = None) -> dict:
+        """Garbage collection is the hub's: forwarded."""
+        return self.upstream.gc(grace, dry_run)

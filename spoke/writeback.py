@@ -1,0 +1,166 @@
+"""The write-back queue: writes accepted with ``local`` durability.
+
+A write is durable once its chunk frames are pinned (fsynced) in the cache
+and its entry is a row in ``writeback.db`` (SQLite, synchronous=FULL). A
+background flusher pushes queued writes to the hub in order: it asks which
+chunks the hub lacks, uploads one pack of those frames, stages the entries,
+then deletes the rows and unpins the frames. Staging is an upsert, so a crash
+between staging and deleting the row re-stages the same entry: the write
+lands once. Until a write lands, reads of its branch at this spoke see it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+
+from fabric import packs
+from fabric.client import HttpPlane
+from fabric.errors import FabricError, Unavailable
+from fabric.model import FILE, Entry
+
+from .cache import DiskCache
+from .traffic import PUSH, Traffic
+
+log = logging.getLogger("fabric.spoke")
+
+BATCH = 256
+
+
+class WriteBack:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS ops (id INTEGER PRIMARY KEY AUTOINCREMENT, repo TEXT NOT NULL, "
+            "branch TEXT NOT NULL, path TEXT NOT NULL, entry BLOB, created REAL NOT NULL)"
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.landed = 0
+        self.last_error: str | None = None
+
+    # -- start-up ------------------------------------------------------------
+    def pinned_chunks(self) -> set[bytes]:
+        """Chunk ids that queued writes need (pinned in the cache across restarts)."""
+        out: set[bytes] = set()
+        with self._lock:
+            rows = self._db.execute("SELECT entry FROM ops WHERE entry IS NOT NULL").fetchall()
+        for (enc,) in rows:
+            out.update(cid for cid, _ in Entry.decode(enc).chunks)
+        return out
+
+    def start(self, cache: DiskCache, upstream: HttpPlane, traffic: Traffic, on_landed: Callable[[str, str], None]) -> None:
+        self.cache, self.upstream, self.traffic, self.on_landed = cache, upstream, traffic, on_landed
+        self._thread = threading.Thread(target=self._run, name="writeback", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+
+    # -- queueing ------------------------------------------------------------
+    def enqueue(self, repo: str, branch: str, changes: dict[str, Entry | None]) -> None:
+        """Append writes (entries whose chunks are already pinned in the cache)."""
+        now = time.time()
+        rows = [(repo, branch, p, e.encode() if e is not None else None, now) for p, e in changes.items()]
+        with self._wake:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("INSERT INTO ops (repo, branch, path, entry, created) VALUES (?, ?, ?, ?, ?)", rows)
+            self._db.execute("COMMIT")
+            self._wake.notify_all()
+
+    def pending(self, repo: str, branch: str) -> dict[str, bytes | None]:
+        """Queued writes of a branch, latest per path."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT path, entry FROM ops WHERE repo = ? AND branch = ? ORDER BY id", (repo, branch)
+            ).fetchall()
+        return {p: e for p, e in rows}
+
+    def count(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
+
+    def flush(self, repo: str | None = None, branch: str | None = None) -> None:
+        """Push queued writes (of one branch, or all) now; Unavailable while the hub is away."""
+        while self._flush_batch(repo, branch):
+            pass
+
+    # -- flushing ------------------------------------------------------------
+    def _run(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            with self._wake:
+                if self._db.execute("SELECT 1 FROM ops LIMIT 1").fetchone() is None:
+                    self._wake.wait(timeout=5)
+                    continue
+            try:
+                self.flush()
+                backoff = 0.2
+                self.last_error = None
+            except FabricError as exc:
+                self.last_error = exc.message
+                log.info("write-back: hub not reachable yet (%s); retrying in %.1fs", exc.message, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _flush_batch(self, repo: str | None, branch: str | None) -> bool:
+        with self._lock:
+            sql, params = "SELECT id, repo, branch, path, entry FROM ops", []
+            if repo is not None:
+                sql += " WHERE repo = ? AND branch = ?"
+                params = [repo, branch]
+            first = self._db.execute(sql + " ORDER BY id LIMIT 1", params).fetchone()
+            if first is None:
+                return False
+            rows = self._db.execute(
+                "SELECT id, path, entry FROM ops WHERE repo = ? AND branch = ? ORDER BY id LIMIT ?",
+                (first[1], first[2], BATCH),
+            ).fetchall()
+        target_repo, target_branch = first[1], first[2]
+        changes: dict[str, Entry | None] = {}
+        for _, path, enc in rows:
+            changes.pop(path, None)
+            changes[path] = Entry.decode(enc) if enc is not None else None
+        chunk_ids = list(dict.fromkeys(cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks))
+        with self.traffic.purpose(PUSH):
+            self._push_chunks(chunk_ids)
+            self.upstream.stage(target_repo, target_branch, changes)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("DELETE FROM ops WHERE id = ?", [(r[0],) for r in rows])
+            self._db.execute("COMMIT")
+        still = self.pinned_chunks()
+        for cid in chunk_ids:
+            if cid not in still:
+                self.cache.unpin(cid)
+        self.landed += len(rows)
+        self.on_landed(target_repo, target_branch)
+        return True
+
+    def _push_chunks(self, ids: list[bytes]) -> None:
+        builder = packs.PackBuilder()
+        for cid in self.upstream.missing_chunks(ids) if ids else []:
+            frame = self.cache.get(cid)
+            if frame is None:
+                raise Unavailable(f"queued chunk {cid.hex()} is missing from the spoke cache")
+            builder.add(cid, frame)
+            if builder.size >= packs.TARGET_SIZE // 2:
+                self.upstream.receive_pack(builder.finish())
+                builder = packs.PackBuilder()
+        if len(builder):
+            self.upstream.receive_pack(builder.finish())
+
+
+def open_writeback(cache_dir: str) -> WriteBack:
+    return WriteBack(os.path.join(cache_dir, "writeback.db"))
