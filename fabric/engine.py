@@ -413,6 +413,8 @@ class Engine(DataPlane):
             raise BadRequest("only '/' is supported as a delimiter")
         if limit < 1:
             raise BadRequest("limit must be at least 1")
+        if "\x00" in after:
+            raise BadRequest(f"invalid start-after {after!r}: contains a NUL byte")
         return self.reader.list_view(self.resolve(repo, ref), prefix, delimiter, after, limit)
 
     def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:

@@ -160,7 +160,7 @@ def test_cut_stream_matches_cut(name: str, window: int) -> None:
 
 
 def test_cut_stream_tiny_window_matches_cut() -> None:
-    data = _random(150_000, 11)
+    data = _random(80_000, 11)
     whole = _lengths(cut(data))
     assert _lengths(cut_stream(io.BytesIO(data), window=97)) == whole
     assert _lengths(cut_stream(io.BytesIO(data), window=1)) == whole

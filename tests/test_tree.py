@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
-import time
 from typing import Any
 
 import pytest
@@ -88,7 +88,7 @@ def test_build_get_iter(trees: Trees) -> None:
     refs = trees.ranges(tid)
     assert len(refs) > 3  # cut into several ranges
     assert sum(r.count for r in refs) == len(items)
-    for a, b in zip(refs, refs[1:]):
+    for a, b in itertools.pairwise(refs):
         assert a.last < b.first
     assert list(trees.iter(tid)) == sorted(items.items())
     for path in random.Random(2).sample(sorted(items), 300):
@@ -279,7 +279,6 @@ N_BIG = 100_000
 
 
 def test_ten_changes_in_100k_share_all_but_a_handful_of_ranges(store: LocalStore) -> None:
-    t0 = time.monotonic()
     writer = Trees(MetaStore(store))
     paths = [f"train/shard-{i // 1000:03d}/sample-{i:06d}.bin" for i in range(N_BIG)]
     old_items = [(p, ent(i)) for i, p in enumerate(paths)]  # already sorted
@@ -335,7 +334,6 @@ def test_ten_changes_in_100k_share_all_but_a_handful_of_ranges(store: LocalStore
         if e is None:
             del expected[p]
     assert trees.build(iter(sorted(expected.items()))) == new
-    assert time.monotonic() - t0 < 30
 
 
 def test_diff_reads_scale_with_changes_not_size(store: LocalStore) -> None:
