@@ -48,9 +48,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["WanProxy", "WanStats"]
 
@@ -91,6 +91,9 @@ class _Link:
             self.chunk = int(min(MAX_CHUNK, max(1460, rate_bps * 0.002)))
         else:
             self.chunk = MAX_CHUNK
+        # One receive buffer for every connection in this direction: the loop reads
+        # into it and copies the bytes out before it reads anything else.
+        self.view = memoryview(bytearray(self.chunk))
 
     def reserve(self, n: int, now: float) -> float:
         """Take ``n`` bytes worth of tokens; seconds until they have left the bottleneck."""
@@ -106,10 +109,10 @@ class _Link:
 class _Side(asyncio.BufferedProtocol):
     """One socket of a proxied connection (the client's or the target's)."""
 
-    def __init__(self, conn: _Conn, name: str, chunk: int) -> None:
+    def __init__(self, conn: _Conn, name: str, link: _Link) -> None:
         self.conn = conn
         self.name = name
-        self.view = memoryview(bytearray(chunk))
+        self.view = link.view
         self.transport: asyncio.Transport | None = None
         self.out: _Pipe | None = None  # pipe that reads from this side
         self.inp: _Pipe | None = None  # pipe that writes into this side
@@ -261,9 +264,11 @@ class _Pipe:
         self.queued = 0
 
 
-def _rst(transport: asyncio.BaseTransport | None) -> None:
-    """Abort ``transport`` with a TCP reset, so the peer sees an error, not an EOF."""
-    if transport is None or transport.is_closing():
+def _rst(transport: asyncio.Transport | None) -> None:
+    """Abort ``transport`` with a TCP reset, so the peer sees an error, not an EOF.
+
+    Also cuts short a graceful close still flushing its buffer."""
+    if transport is None:
         return
     sock = transport.get_extra_info("socket")
     if sock is not None:
@@ -279,11 +284,11 @@ class _Conn:
 
     def __init__(self, proxy: WanProxy) -> None:
         self.proxy = proxy
-        self.loop = proxy._loop
-        assert self.loop is not None
+        assert proxy._loop is not None
+        self.loop: asyncio.AbstractEventLoop = proxy._loop
         self.start = self.loop.time()
-        self.client = _Side(self, "client", proxy._up.chunk)
-        self.target = _Side(self, "target", proxy._down.chunk)
+        self.client = _Side(self, "client", proxy._up)
+        self.target = _Side(self, "target", proxy._down)
         up, down = proxy._up, proxy._down
         hs = proxy.handshake
         limit = proxy.max_inflight
@@ -417,7 +422,7 @@ class WanProxy:
         self._n_conns = self._n_failed = self._n_resets = 0
 
     # -- lifecycle ------------------------------------------------------------
-    def start(self) -> WanProxy:
+    def start(self) -> Self:
         """Bind, start the proxy thread, return once it accepts connections."""
         if self._thread is not None:
             raise RuntimeError("WanProxy already started")
@@ -462,8 +467,8 @@ class WanProxy:
             try:
                 fut = asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
                 fut.result(timeout=timeout)
-            except Exception:
-                pass
+            except (TimeoutError, RuntimeError, OSError):
+                pass  # the loop is stopped below regardless
             try:
                 loop.call_soon_threadsafe(loop.stop)
             except RuntimeError:
@@ -475,7 +480,7 @@ class WanProxy:
         self._loop = None
         self._close_placeholder()
 
-    def __enter__(self) -> WanProxy:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -560,7 +565,7 @@ class WanProxy:
     async def _serve(self, sock: socket.socket, started: Future) -> None:
         try:
             self._server = await self._loop.create_server(self._accept, sock=sock)  # type: ignore[union-attr]
-        except BaseException as e:
+        except (OSError, RuntimeError) as e:
             sock.close()
             started.set_exception(e)
             return
@@ -569,7 +574,7 @@ class WanProxy:
     def _accept(self) -> _Side:
         return _Conn(self).client
 
-    def _call(self, fn: Callable[[], Awaitable[None]], timeout: float = 10.0) -> None:
+    def _call(self, fn: Callable[[], Coroutine[Any, Any, None]], timeout: float = 10.0) -> None:
         loop = self._loop
         if loop is None or self._thread is None:
             raise RuntimeError("WanProxy is not running")

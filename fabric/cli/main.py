@@ -7,7 +7,17 @@ import importlib
 import click
 
 from .. import __version__
-from . import bucket_cmd, maint_cmd, objects_cmd, refs_cmd, repo_cmd, token_cmd, transfer_cmd, up_cmd, wan_cmd
+from . import (
+    bucket_cmd,
+    maint_cmd,
+    objects_cmd,
+    refs_cmd,
+    repo_cmd,
+    token_cmd,
+    transfer_cmd,
+    up_cmd,
+    wan_cmd,
+)
 from .context import DEFAULT_DATA, Ctx
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
