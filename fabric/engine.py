@@ -95,7 +95,9 @@ class Engine(DataPlane):
     def create_repo(self, name: str, default_branch: str = DEFAULT_BRANCH, author: str | None = None) -> dict:
         check_repo_name(name)
         check_ref_name(default_branch)
-        first = self._write_commit(Commit.new(self.trees.empty, [], author or default_author(), "Repository created"))
+        # Write the empty tree again: gc may have removed it since this engine started.
+        empty = self.trees.build(iter(()))
+        first = self._write_commit(Commit.new(empty, [], author or default_author(), "Repository created"))
         self.catalog.create_repo(name, default_branch, first.id)
         return self.get_repo(name)
 
@@ -239,7 +241,10 @@ class Engine(DataPlane):
         allow_empty: bool = False,
     ) -> Commit:
         """Commit explicit changes onto a branch head, leaving its staging area alone."""
-        head = expected_head or self.head(repo, branch)
+        head = self.head(repo, branch)
+        if expected_head is not None and head != expected_head:
+            # Checked before anything else, so a stale head is a conflict, not "nothing to commit".
+            raise Conflict(f"branch {branch!r} is at {head[:12]}, not the expected {expected_head[:12]}", head=head)
         return self._commit_onto(repo, branch, head, changes, message, author, meta, allow_empty, None)
 
     def _commit_onto(

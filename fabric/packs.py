@@ -72,7 +72,8 @@ class PackBuilder:
     def finish(self) -> bytes:
         index = b"".join(INDEX_ROW.pack(c.id, c.offset, c.length, c.raw_len) for c in self.chunks)
         footer = FOOTER.pack(len(self.chunks), self.size, MAGIC)
-        return b"".join(self._parts) + index + footer
+        # One join: ``join(parts) + index + footer`` would copy the whole pack twice.
+        return b"".join([*self._parts, index, footer])
 
 
 def parse_index(pack: bytes | memoryview) -> list[PackedChunk]:

@@ -33,7 +33,7 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> AP
     @router.get("/watch", response_class=StreamingResponse, responses={200: {"content": {"application/x-ndjson": {}}}})
     def watch(
         who: Caller,
-        since: Annotated[int | None, Query(ge=0, description="last seq seen; omit to start from now")] = None,
+        since: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="last seq seen; omit to start from now")] = None,
         repo: str | None = None,
         once: bool = False,
     ) -> StreamingResponse:

@@ -98,3 +98,45 @@ class Cli:
 def cli(tmp_path) -> Cli:
     env = dict(os.environ, PYTHONPATH=ROOT, FABRIC_AUTHOR="tester")
     return Cli(str(tmp_path / "hub"), env)
+
+
+# -- real hubs over loopback HTTP (tests/hubserver.py) ---------------------------
+from tests.hubserver import Hub, start_hub
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory) -> Iterator[Hub]:
+    """One hub (SQLite catalog, auth on) shared by the session; use fresh repo names."""
+    with start_hub(tmp_path_factory.mktemp("hub") / "data") as h:
+        yield h
+
+
+@pytest.fixture
+def fresh_hub(tmp_path) -> Iterator[Hub]:
+    """A hub of its own for one test (SQLite catalog, auth on)."""
+    with start_hub(tmp_path / "hub") as h:
+        yield h
+
+
+@pytest.fixture
+def pg_hub(tmp_path, pg_url: str) -> Iterator[Hub]:
+    """A hub whose catalog is a fresh PostgreSQL database."""
+    with start_hub(tmp_path / "pghub", db=pg_url) as h:
+        yield h
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def any_hub(request: pytest.FixtureRequest) -> Hub:
+    """The shared SQLite hub, then a PostgreSQL one: tests using it run on both catalogs."""
+    return request.getfixturevalue("hub" if request.param == "sqlite" else "pg_hub")
+
+
+# -- real spokes over loopback HTTP (tests/spokeserver.py) -----------------------
+from tests.spokeserver import Spoke, start_spoke  # noqa: E402
+
+
+@pytest.fixture
+def cold_spoke_of_hub(hub: Hub, tmp_path) -> Iterator[Spoke]:
+    """A spoke of the session hub with a cold 512 MiB cache; its own token (and the default caller's) is the hub admin's."""
+    with start_spoke(hub.url, tmp_path / "spoke-cache", "512MiB", token=hub.token) as s:
+        yield s
