@@ -268,6 +268,9 @@ class Engine(DataPlane):
         self._require_chunks(changes.values())
         tree = self.trees.apply(parent.tree, self._normalized(changes))
         if tree == parent.tree and not allow_empty and not extra_parents:
+            current = self.head(repo, branch)
+            if current != head:  # a concurrent commit took the staged changes first
+                raise Conflict(f"branch {branch!r} moved to {current[:12]} while committing; retry", head=current)
             raise BadRequest(f"nothing to commit on {repo}@{branch}: no changes since {head[:12]}")
         commit = self._write_commit(
             Commit.new(tree, [head, *extra_parents], author or default_author(), message, dict(meta or {}))
