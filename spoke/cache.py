@@ -52,6 +52,10 @@ class DiskCache:
         self._main: OrderedDict[bytes, _Item] = OrderedDict()
         self._pinned: dict[bytes, _Item] = {}
         self._window_bytes = self._main_bytes = self._pinned_bytes = 0
+        # Blobs evicted while their writer was still writing them: their bytes stay
+        # reserved until the writer has removed the file.
+        self._doomed: dict[bytes, int] = {}
+        self._doomed_bytes = 0
         self._clock = 0
         self._writing: set[bytes] = set()
         self.hits = self.misses = self.evictions = self.corruptions = 0
@@ -93,7 +97,7 @@ class DiskCache:
     # -- accounting ----------------------------------------------------------
     @property
     def used(self) -> int:
-        return self._window_bytes + self._main_bytes + self._pinned_bytes
+        return self._window_bytes + self._main_bytes + self._pinned_bytes + self._doomed_bytes
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -184,6 +188,10 @@ class DiskCache:
         finally:
             with self._lock:
                 self._writing.discard(key)
+                doomed = self._doomed.pop(key, 0)
+                if doomed or not (key in self._window or key in self._main or key in self._pinned):
+                    self._unlink(key)  # evicted (or dropped) while it was being written: no untracked file may stay
+                self._doomed_bytes -= doomed
         return True
 
     def pin(self, key: bytes) -> bool:
@@ -227,8 +235,7 @@ class DiskCache:
                 self._window_bytes -= item.size
             else:
                 self._main_bytes -= item.size
-            self.evictions += 1
-            victims.append(key)
+            self._evict_locked(key, item)
         return victims
 
     def _spill_window(self) -> list[bytes]:
@@ -240,15 +247,23 @@ class DiskCache:
             while self._main and self._main_bytes + item.size > main_cap and self._dead(next(iter(self._main.values()))):
                 old_key, old = self._main.popitem(last=False)
                 self._main_bytes -= old.size
-                self.evictions += 1
-                victims.append(old_key)
+                self._evict_locked(old_key, old)
             if self._main_bytes + item.size <= main_cap:
                 self._main[key] = item
                 self._main_bytes += item.size
             else:
-                self.evictions += 1
-                victims.append(key)
+                self._evict_locked(key, item)
         return victims
+
+    def _evict_locked(self, key: bytes, item: _Item) -> None:
+        """The file of an evicted blob goes at once, under the lock, so its bytes are only
+        reused once it is gone; a blob still being written is removed by its writer."""
+        self.evictions += 1
+        if key in self._writing:
+            self._doomed[key] = item.size
+            self._doomed_bytes += item.size
+        else:
+            self._unlink(key)
 
     def _dead(self, item: _Item) -> bool:
         return self._clock - item.last > DEAD_AFTER_BUDGETS * self.budget
@@ -259,8 +274,8 @@ class DiskCache:
                 item = seg.pop(key, None)
                 if item is not None:
                     setattr(self, attr, getattr(self, attr) - item.size)
-        if unlink:
-            self._unlink(key)
+            if unlink:
+                self._unlink(key)  # under the lock: the bytes are free only once the file is gone
 
     def _unlink(self, key: bytes) -> None:
         try:

@@ -208,9 +208,11 @@ class StagingCache:
         self.traffic = traffic
         self._lock = threading.Lock()
         self._snaps: dict[tuple[str, str], BranchStaging] = {}
+        self._invalidations: dict[tuple[str, str], int] = {}
 
     def invalidate(self, repo: str, branch: str) -> None:
         with self._lock:
+            self._invalidations[(repo, branch)] = self._invalidations.get((repo, branch), 0) + 1
             snap = self._snaps.get((repo, branch))
             if snap is not None:
                 snap.fetched = -1e18  # forces an (incremental) refresh on the next read
@@ -240,6 +242,8 @@ class StagingCache:
     def _fetch(self, repo: str, branch: str, base: BranchStaging | None) -> BranchStaging:
         """A fresh snapshot; incremental on top of ``base`` when given."""
         generation = self.tracker.generation(repo, branch)
+        with self._lock:
+            invalidations = self._invalidations.get((repo, branch), 0)
         with self.traffic.purpose(METADATA):
             head, seq, rows = self.upstream.staging_snapshot(repo, branch, base.seq if base else 0)
             if base is not None and head != base.head:
@@ -249,5 +253,7 @@ class StagingCache:
         items.update(rows)
         snap = BranchStaging(head, seq, items, time.monotonic(), generation)
         with self._lock:
+            if self._invalidations.get((repo, branch), 0) != invalidations:
+                snap.fetched = -1e18  # invalidated while it was being fetched: may predate that write
             self._snaps[(repo, branch)] = snap
         return snap

@@ -66,7 +66,10 @@ class FetchScheduler:
         out: dict[bytes, bytes] = {}
         waits: list[tuple[bytes, Future]] = []
         for cid in dict.fromkeys(ids):
+            corruptions = self.cache.corruptions
             frame = self.cache.get(cid)
+            if frame is None and self.cache.corruptions != corruptions:
+                self.refetched += 1  # the cached copy failed its checksum (and was dropped): fetched again below
             if frame is not None:
                 try:
                     out[cid] = frames.decode(frame, cid)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from fabric.errors import BadRequest, ObjectNotFound
+from fabric.errors import BadRequest, Corruption, ObjectNotFound
 from fabric.metastore import MetaStore, decode_object
 
 from .cache import DiskCache
@@ -32,7 +32,15 @@ class SpokeMetaStore(MetaStore):
         raise BadRequest("a spoke does not write metadata objects; writes go to the hub")
 
     def raw(self, oid: str) -> bytes:
-        data = self.disk.get(bytes.fromhex(oid))
+        key = bytes.fromhex(oid)
+        data = self.disk.get(key)
+        if data is not None:
+            try:
+                decode_object(oid, data)  # the cached copy too: a damaged one is dropped and fetched again
+            except Corruption:
+                self.disk.drop(key)
+                self.disk.corruptions += 1
+                data = None
         if data is None:
             data = self._fetch([oid]).get(oid)
         if data is None:

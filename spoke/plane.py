@@ -103,6 +103,7 @@ class SpokePlane(DataPlane):
         self.staging = StagingCache(self.upstream, self.tracker, self.traffic)
         self.durability = durability
         self._repos: dict[str, dict] = {}
+        self._commits_of: set[tuple[str, str]] = set()  # (repo, commit id) the hub said belong together
         self._lock = threading.Lock()
         self.tracker.start()
         self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self.staging.invalidate)
@@ -117,14 +118,23 @@ class SpokePlane(DataPlane):
     def view(self, repo: str, ref: str) -> tuple[View, bool]:
         """What a read of ``repo@ref`` sees now, and whether it may be stale (hub away)."""
         expr = parse_ref(ref)
-        commit, stale = self.tracker.ref(repo, "branch", expr.base)
+        # A full commit id names immutable data: no ref lookup, so it is served while the hub is away
+        # (branch names cannot look like one). A branch the hub cannot be asked about may be a known tag.
+        full_id = len(expr.base) == 64 and COMMIT_ID_RE.match(expr.base) is not None
+        try:
+            commit, stale = (None, False) if full_id else self.tracker.ref(repo, "branch", expr.base)
+        except Unavailable:
+            commit, stale = None, True
         branch, staging = None, None
         if commit is not None and expr.plain:
+            # Queued writes first: one that lands meanwhile is in the staging snapshot fetched next.
+            pending = self.writeback.pending(repo, expr.base)
             snap, snap_stale = self.staging.get(repo, expr.base, commit)
             commit, stale, branch = snap.head, stale or snap_stale, expr.base
-            staging = OverlayStaging(self.writeback.pending(repo, branch), snap)
+            staging = OverlayStaging(pending, snap)
         elif commit is None:
-            commit, stale = self.tracker.ref(repo, "tag", expr.base)
+            if not full_id:
+                commit, stale = self.tracker.ref(repo, "tag", expr.base)
             if commit is None:
                 commit = self._commit_id(repo, expr.base)
         for _ in range(expr.ancestors):
@@ -138,6 +148,14 @@ class SpokePlane(DataPlane):
         if not COMMIT_ID_RE.match(text):
             raise NotFound(f"no branch, tag or commit {text!r} in repository {repo!r}")
         if len(text) == 64:
+            with self._lock:
+                known = (repo, text) in self._commits_of
+            if not known:
+                # Commit objects are shared by every repository: only the hub knows whether this one
+                # is in ``repo`` (a role on one repository must not open another's commits).
+                self.upstream.resolve_commit(repo, text)
+                with self._lock:
+                    self._commits_of.add((repo, text))
             self.reader.get_commit(text)
             return text
         return self.upstream.resolve_commit(repo, text)

@@ -136,6 +136,7 @@ class WriteBack:
         with self.traffic.purpose(PUSH):
             self._push_chunks(chunk_ids)
             self.upstream.stage(target_repo, target_branch, changes)
+        self.on_landed(target_repo, target_branch)  # before the rows go: readers then find it in the hub's staging
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany("DELETE FROM ops WHERE id = ?", [(r[0],) for r in rows])
@@ -145,7 +146,6 @@ class WriteBack:
             if cid not in still:
                 self.cache.unpin(cid)
         self.landed += len(rows)
-        self.on_landed(target_repo, target_branch)
         return True
 
     def _push_chunks(self, ids: list[bytes]) -> None:

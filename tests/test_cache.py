@@ -1,0 +1,311 @@
+"""The spoke's DiskCache on a real directory: budget, scan resistance, pins, restart, verification."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+
+import pytest
+
+from fabric import frames
+from fabric.chunking import chunk_id
+from spoke.cache import CacheFull, DiskCache
+
+KiB = 1024
+
+
+def key(i: int | str) -> bytes:
+    return chunk_id(str(i).encode())
+
+
+def disk_bytes(root: str) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def blob(i: int, size: int) -> bytes:
+    return random.Random(i).randbytes(size)
+
+
+def read_through(cache: DiskCache, i: int, size: int) -> bool:
+    """A reader's access: True on a hit; a miss fetches and caches the blob."""
+    k = key(i)
+    if cache.get(k) is not None:
+        return True
+    cache.put(k, blob(i, size))
+    return False
+
+
+def epoch_hits(cache: DiskCache, ids, size: int) -> float:
+    ids = list(ids)
+    return sum(read_through(cache, i, size) for i in ids) / len(ids)
+
+
+# -- budget ------------------------------------------------------------------
+def test_budget_never_exceeded_on_disk_or_in_accounting(tmp_path) -> None:
+    budget = 512 * KiB
+    cache = DiskCache(str(tmp_path / "c"), budget)
+    rng = random.Random(1)
+    for i in range(600):
+        size = rng.randint(1, 40 * KiB)
+        cache.put(key(i), bytes(size))
+        assert cache.used <= budget
+        if i % 10 == 0:
+            assert disk_bytes(cache.root) <= budget
+        if i % 3 == 0:
+            cache.get(key(rng.randrange(i + 1)))
+    s = cache.stats()
+    assert s["cache_bytes"] == disk_bytes(cache.root)
+    assert s["cache_evictions"] > 0
+    assert s["cache_bytes"] > budget // 2, (
+        "the cache should be used, not kept nearly empty"
+    )
+
+
+def test_blob_larger_than_the_window_is_not_kept(tmp_path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 100 * KiB)  # window: 10 KiB
+    assert cache.put(key("big"), bytes(20 * KiB)) is False
+    assert key("big") not in cache
+    assert disk_bytes(cache.root) == 0
+
+
+class MeteredCache(DiskCache):
+    """The real cache, with an exact meter of the bytes its files hold on disk.
+
+    The meter's lock makes each file operation and its count one step, so the
+    meter equals what the filesystem holds at every instant (a directory walk
+    cannot: it mixes moments)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.meter_lock = threading.Lock()
+        self.on_disk = self.max_on_disk = 0
+        super().__init__(*args, **kwargs)
+
+    def _write(self, key: bytes, data: bytes, durable: bool) -> None:
+        with self.meter_lock:
+            try:
+                old = os.stat(self._path(key)).st_size
+            except FileNotFoundError:
+                old = 0
+            super()._write(key, data, durable)
+            self.on_disk += len(data) - old
+            self.max_on_disk = max(self.max_on_disk, self.on_disk)
+
+    def _unlink(self, key: bytes) -> None:
+        with self.meter_lock:
+            try:
+                size = os.stat(self._path(key)).st_size
+            except FileNotFoundError:
+                size = 0
+            super()._unlink(key)
+            self.on_disk -= size
+
+
+def test_budget_holds_under_concurrent_writers_and_readers(tmp_path) -> None:
+    budget = 1024 * KiB
+    cache = MeteredCache(str(tmp_path / "c"), budget)
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(400):
+            i = rng.randrange(300)
+            if cache.get(key(i)) is None:
+                cache.put(key(i), blob(i, 8 * KiB + (i % 7) * KiB))
+
+    workers = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert cache.max_on_disk <= budget, (
+        f"files held {cache.max_on_disk} bytes at one instant; budget {budget}"
+    )
+    assert cache.evictions > 100
+    assert cache.used <= budget
+    # No file is left that the index does not know (e.g. one evicted while it was being written).
+    on_disk = {bytes.fromhex(n) for _, _, names in os.walk(cache.root) for n in names}
+    assert on_disk == set(cache.keys())
+    assert cache.used == disk_bytes(cache.root) == cache.on_disk
+
+
+# -- scan resistance ---------------------------------------------------------
+def test_cyclic_scan_larger_than_the_cache_keeps_hitting(tmp_path) -> None:
+    """Plain LRU hits nothing on a cyclic scan 1.5x the cache; the window/main policy keeps most of it."""
+    size = 4 * KiB
+    budget = 100 * size
+    n = 150
+    cache = DiskCache(str(tmp_path / "c"), budget)
+    ratios = [epoch_hits(cache, range(n), size) for _ in range(5)]
+    assert ratios[0] == 0
+    for r in ratios[1:]:
+        assert r >= 0.8 * budget / (n * size), ratios
+    assert cache.used <= budget
+
+
+def test_new_working_set_replaces_a_dead_one(tmp_path) -> None:
+    size = 4 * KiB
+    budget = 100 * size
+    cache = DiskCache(str(tmp_path / "c"), budget)
+    for _ in range(3):
+        epoch_hits(cache, range(150), size)  # old set A (scanned cyclically)
+    new = range(1000, 1060)  # set B: 60% of the cache, read over and over
+    ratios = [epoch_hits(cache, new, size) for _ in range(8)]
+    assert ratios[-1] >= 0.9, ratios
+    # B displaced A: few of A's blobs are left.
+    left = sum(key(i) in cache for i in range(150))
+    assert left <= 45, left
+
+
+def test_hot_set_survives_a_one_off_scan(tmp_path) -> None:
+    size = 4 * KiB
+    budget = 100 * size
+    cache = DiskCache(str(tmp_path / "c"), budget)
+    hot = range(40)
+    for _ in range(3):
+        epoch_hits(cache, hot, size)
+    epoch_hits(cache, range(5000, 5150), size)  # a scan 1.5x the cache, read once
+    assert epoch_hits(cache, hot, size) >= 0.9
+
+
+# -- pins ----------------------------------------------------------------------
+def test_pinned_blobs_are_never_evicted(tmp_path) -> None:
+    budget = 200 * KiB
+    cache = DiskCache(str(tmp_path / "c"), budget)
+    pinned = [key(f"p{i}") for i in range(10)]
+    for i, k in enumerate(pinned):
+        cache.put(k, blob(i, 10 * KiB), pin=True)
+    for i in range(500):
+        read_through(cache, i, 8 * KiB)
+    for k in pinned:
+        assert k in cache
+        assert cache.get(k) is not None
+    s = cache.stats()
+    assert s["cache_pinned_bytes"] == 100 * KiB
+    assert s["cache_bytes"] <= budget
+    assert disk_bytes(cache.root) <= budget
+
+
+def test_pinning_past_the_budget_is_refused(tmp_path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 50 * KiB)
+    for i in range(5):
+        cache.put(key(f"p{i}"), bytes(10 * KiB), pin=True)
+    with pytest.raises(CacheFull):
+        cache.put(key("p5"), bytes(10 * KiB), pin=True)
+    assert cache.used <= 50 * KiB
+
+
+def test_unpinned_blobs_become_evictable(tmp_path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 100 * KiB)
+    ks = [key(f"p{i}") for i in range(8)]
+    for k in ks:
+        cache.put(k, bytes(10 * KiB), pin=True)
+    for k in ks:
+        cache.unpin(k)
+    assert cache.stats()["cache_pinned_bytes"] == 0
+    for i in range(200):
+        read_through(cache, i, 8 * KiB)
+    assert sum(k in cache for k in ks) < len(ks)
+    assert cache.used <= 100 * KiB
+
+
+def test_pin_an_already_cached_blob(tmp_path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 100 * KiB)
+    cache.put(key("a"), bytes(5 * KiB))
+    assert cache.pin(key("a"))
+    assert not cache.pin(key("absent"))
+    for i in range(200):
+        read_through(cache, i, 8 * KiB)
+    assert key("a") in cache
+
+
+# -- restart -------------------------------------------------------------------
+def test_restart_reindexes_and_keeps_pins(tmp_path) -> None:
+    root = str(tmp_path / "c")
+    budget = 200 * KiB
+    cache = DiskCache(root, budget)
+    pinned = {key(f"p{i}") for i in range(5)}
+    for i, k in enumerate(sorted(pinned)):
+        cache.put(k, blob(i, 10 * KiB), pin=True)
+    for i in range(12):
+        cache.put(key(i), blob(i, 8 * KiB))
+    # A torn write from a crash is cleaned up.
+    sub = os.path.join(root, "ab")
+    os.makedirs(sub, exist_ok=True)
+    with open(os.path.join(sub, ".tmp-1-2-abab"), "wb") as f:
+        f.write(b"x" * 1000)
+    before = set(cache.keys())
+
+    again = DiskCache(root, budget, pinned=pinned)
+    assert set(again.keys()) == before
+    assert again.stats()["cache_pinned_bytes"] == 50 * KiB
+    assert not os.path.exists(os.path.join(sub, ".tmp-1-2-abab"))
+    assert again.get(key(3)) == blob(3, 8 * KiB)
+    for i in range(100, 400):  # pressure: the pins must stay
+        read_through(again, i, 8 * KiB)
+    for k in pinned:
+        assert again.get(k) is not None
+    assert again.used <= budget
+
+
+def test_restart_with_a_smaller_budget_trims_but_keeps_pins(tmp_path) -> None:
+    root = str(tmp_path / "c")
+    cache = DiskCache(root, 400 * KiB)
+    pinned = {key(f"p{i}") for i in range(3)}
+    for k in pinned:
+        cache.put(k, bytes(10 * KiB), pin=True)
+    for i in range(30):
+        cache.put(key(i), bytes(8 * KiB))
+    small = DiskCache(root, 100 * KiB, pinned=pinned)
+    assert small.used <= 100 * KiB
+    assert disk_bytes(root) <= 100 * KiB
+    assert all(k in small for k in pinned)
+
+
+# -- verification --------------------------------------------------------------
+def test_corrupt_frame_is_dropped_and_counted(tmp_path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 1 << 20, frames.verify_checksum)
+    raw = b"some text that compresses " * 400
+    cid = chunk_id(raw)
+    frame = frames.encode(raw)
+    cache.put(cid, frame)
+    assert cache.get(cid) == frame
+    path = cache._path(cid)
+    with open(path, "r+b") as f:
+        f.seek(len(frame) // 2)
+        b = f.read(1)
+        f.seek(len(frame) // 2)
+        f.write(bytes([b[0] ^ 0x01]))
+    assert cache.get(cid) is None
+    assert cache.stats()["cache_corruptions"] == 1
+    assert cid not in cache
+    assert not os.path.exists(path)
+    assert cache.used == 0
+    # Cached again, it reads back fine.
+    cache.put(cid, frame)
+    assert frames.decode(cache.get(cid), cid) == raw
+
+
+def test_truncated_file_is_dropped(tmp_path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 1 << 20)
+    cache.put(key("a"), bytes(5000))
+    with open(cache._path(key("a")), "r+b") as f:
+        f.truncate(100)
+    assert cache.get(key("a")) is None
+    assert key("a") not in cache
+    assert cache.stats()["cache_corruptions"] == 1
+
+
+def test_file_deleted_behind_the_cache_is_a_miss(tmp_path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 1 << 20)
+    cache.put(key("a"), bytes(5000))
+    os.unlink(cache._path(key("a")))
+    assert cache.get(key("a")) is None
+    assert key("a") not in cache
+    assert cache.used == 0

@@ -1,0 +1,174 @@
+"""Coherence between a hub and a spoke: commit visibility, the lease, snapshot isolation.
+
+Real hub and spoke processes on loopback; the stream-cut test puts the WAN
+emulator (fabric.wanproxy) between the spoke and the hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from fabric.wanproxy import WanProxy
+from tests.hubserver import Hub, unique_name
+from tests.spokeserver import Spoke, random_bytes, start_spoke, wait_for
+
+MiB = 1 << 20
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def spoke(hub: Hub, tmp_path_factory) -> Iterator[Spoke]:
+    with start_spoke(
+        hub.url, tmp_path_factory.mktemp("cspoke") / "cache", "512MiB", token=hub.token
+    ) as s:
+        yield s
+
+
+def head_at(spoke: Spoke, repo: str, ref: str = "main") -> tuple[str, str]:
+    """``(commit id, X-Fabric-Stale)`` of ``repo@ref`` as the spoke serves it now."""
+    with spoke.client(timeout=30) as c:
+        r = c.head(f"/api/v1/repos/{repo}/refs/{ref}/objects", params={"path": "seed"})
+        assert r.status_code == 200, r.text
+        return r.headers["x-fabric-commit"], r.headers["x-fabric-stale"]
+
+
+def test_a_commit_at_the_hub_is_visible_at_a_subscribed_spoke_within_a_second(
+    hub: Hub, spoke: Spoke
+) -> None:
+    plane = hub.plane()
+    repo = unique_name("vis")
+    plane.create_repo(repo)
+    plane.put_object(repo, "main", "seed", io.BytesIO(b"seed"))
+    first = plane.commit(repo, "main", "seed").id
+    wait_for(lambda: spoke.healthz()["hub_stream_live"], timeout=20)
+    assert head_at(spoke, repo) == (first, "false")
+
+    latencies = []
+    with spoke.client(timeout=30) as c:
+        for i in range(5):
+            plane.put_object(repo, "main", f"f{i}", io.BytesIO(f"content {i}".encode()))
+            commit = plane.commit(repo, "main", f"commit {i}").id
+            t0 = time.monotonic()
+            while True:
+                r = c.get(
+                    f"/api/v1/repos/{repo}/refs/main/objects", params={"path": f"f{i}"}
+                )
+                if r.status_code == 200 and r.headers["x-fabric-commit"] == commit:
+                    break
+                assert time.monotonic() - t0 < 5, "the commit did not reach the spoke"
+                time.sleep(0.01)
+            latencies.append(time.monotonic() - t0)
+            assert r.content == f"content {i}".encode()
+    print(f"\ncommit visibility at the spoke (s): {[round(x, 3) for x in latencies]}")
+    assert max(latencies) < 1.0
+
+
+@pytest.mark.slow
+def test_with_the_watch_stream_down_a_commit_is_visible_within_the_lease(
+    hub: Hub, tmp_path
+) -> None:
+    lease = 1.5
+    plane = hub.plane()
+    repo = unique_name("lease")
+    plane.create_repo(repo)
+    plane.put_object(repo, "main", "seed", io.BytesIO(b"seed"))
+    first = plane.commit(repo, "main", "seed").id
+    port = int(hub.url.rsplit(":", 1)[1])
+    with (
+        WanProxy("127.0.0.1", port) as wan,
+        start_spoke(
+            wan.url_for(), tmp_path / "cache", "256MiB", token=hub.token, lease=lease
+        ) as spoke,
+    ):
+        wait_for(lambda: spoke.healthz()["hub_stream_live"], timeout=20)
+        assert head_at(spoke, repo) == (first, "false")
+
+        # The link goes down: reads of the branch go on at the last head, marked stale after the lease.
+        down_before = spoke.log().count("watch stream down")
+        wan.cut()
+        time.sleep(lease + 0.5)
+        assert head_at(spoke, repo) == (first, "true")
+        assert not spoke.healthz()["hub_stream_live"]
+        # The stream's reconnect back-off doubles from 0.2 s up to 5 s: once six attempts
+        # have failed, the next is 5 s away. Restored then, the link is up while the stream
+        # stays down for seconds, and only the lease bounds staleness.
+        wait_for(
+            lambda: spoke.log().count("watch stream down") - down_before >= 6,
+            timeout=20,
+        )
+        wan.restore()
+        assert (
+            head_at(spoke, repo)[1] == "false"
+        )  # the hub answers again (lease expired: asked)
+
+        second = plane.commit(
+            repo, "main", "while the stream is down", allow_empty=True
+        ).id
+        t0 = time.monotonic()
+        while True:
+            sent = (
+                time.monotonic()
+            )  # visibility is when the first request that saw it was sent
+            if head_at(spoke, repo)[0] == second:
+                break
+            assert sent - t0 < lease + 1.0, "not visible within the lease"
+            time.sleep(0.02)
+        seen = sent - t0
+        stream_live = spoke.healthz()["hub_stream_live"]
+        print(
+            f"\nvisibility with the watch stream down: {seen:.3f}s (lease {lease}s, stream live then: {stream_live})"
+        )
+        assert seen <= lease + 0.5
+        assert not stream_live, (
+            "the stream came back first: this run did not exercise the lease"
+        )
+
+        # The stream comes back by itself and catches up.
+        wait_for(lambda: spoke.healthz()["hub_stream_live"], timeout=20)
+        third = plane.commit(repo, "main", "stream back", allow_empty=True).id
+        wait_for(lambda: head_at(spoke, repo)[0] == third, timeout=1.0)
+
+
+def test_a_file_opened_before_a_commit_reads_the_old_content_to_the_end(
+    hub: Hub, spoke: Spoke
+) -> None:
+    plane = hub.plane()
+    repo = unique_name("snap")
+    plane.create_repo(repo)
+    old = random_bytes(32 * MiB, 21)
+    new = random_bytes(32 * MiB, 22)
+    plane.put_object(repo, "main", "seed", io.BytesIO(b"seed"))
+    plane.put_object(repo, "main", "big.bin", io.BytesIO(old))
+    c1 = plane.commit(repo, "main", "old").id
+    wait_for(lambda: head_at(spoke, repo)[0] == c1, timeout=5)
+
+    with spoke.client(timeout=60) as c:
+        with c.stream(
+            "GET", f"/api/v1/repos/{repo}/refs/main/objects", params={"path": "big.bin"}
+        ) as r:
+            assert r.status_code == 200
+            assert r.headers["x-fabric-commit"] == c1
+            it = r.iter_bytes(256 * 1024)
+            got = bytearray()
+            while len(got) < MiB:
+                got += next(it)
+            # Mid-read, the file changes at the hub and the spoke learns of it.
+            plane.put_object(repo, "main", "big.bin", io.BytesIO(new))
+            c2 = plane.commit(repo, "main", "new").id
+            wait_for(lambda: head_at(spoke, repo)[0] == c2, timeout=5)
+            for piece in it:
+                got += piece
+        assert len(got) == len(old)
+        assert hashlib.sha256(got).digest() == hashlib.sha256(old).digest(), (
+            "an open file changed under its reader"
+        )
+
+        r = c.get(f"/api/v1/repos/{repo}/refs/main/objects", params={"path": "big.bin"})
+        assert r.headers["x-fabric-commit"] == c2
+        assert hashlib.sha256(r.content).digest() == hashlib.sha256(new).digest()

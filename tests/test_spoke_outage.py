@@ -1,0 +1,209 @@
+"""A spoke while its hub is killed: what it still serves, what it queues, what it refuses.
+
+Real processes: a hub that is killed with SIGKILL and started again on the
+same port and data, and a spoke that is itself killed with SIGKILL and
+restarted on the same cache directory.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.hubserver import unique_name
+from tests.spokeserver import (
+    RestartableHub,
+    Spoke,
+    random_bytes,
+    start_restartable_hub,
+    start_spoke,
+    text_bytes,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+LEASE = 1.0
+
+
+@pytest.fixture
+def outage(tmp_path) -> Iterator[tuple[RestartableHub, Spoke]]:
+    with (
+        start_restartable_hub(tmp_path / "hub") as hub,
+        start_spoke(
+            hub.url, tmp_path / "cache", "256MiB", token=hub.token, lease=LEASE
+        ) as spoke,
+    ):
+        yield hub, spoke
+
+
+def get(c: httpx.Client, repo: str, ref: str, path: str) -> httpx.Response:
+    return c.get(f"/api/v1/repos/{repo}/refs/{ref}/objects", params={"path": path})
+
+
+def put(
+    c: httpx.Client, repo: str, path: str, data: bytes, durability: str
+) -> httpx.Response:
+    return c.put(
+        f"/api/v1/repos/{repo}/branches/main/objects",
+        params={"path": path},
+        content=data,
+        headers={
+            "X-Fabric-Durability": durability,
+            "Content-Type": "application/octet-stream",
+        },
+    )
+
+
+def queued_rows(cache: str) -> int:
+    db = sqlite3.connect(
+        f"file:{os.path.join(cache, 'writeback.db')}?mode=ro", uri=True
+    )
+    try:
+        return db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
+    finally:
+        db.close()
+
+
+@pytest.mark.slow
+def test_hub_killed_pinned_reads_stale_branch_reads_local_writes_land_once(
+    outage,
+) -> None:
+    hub, spoke = outage
+    plane = hub.plane()
+    repo = unique_name("outage")
+    plane.create_repo(repo)
+    v1 = {f"d/r{i}.bin": random_bytes(512 * 1024, 500 + i) for i in range(8)}
+    v1["d/notes.txt"] = text_bytes(700_000, 77)
+    for path, data in v1.items():
+        plane.put_object(repo, "main", path, io.BytesIO(data))
+    c1 = plane.commit(repo, "main", "v1").id
+    plane.create_tag(repo, "v1", c1)
+    head = dict(v1, **{"d/r0.bin": random_bytes(512 * 1024, 999)})
+    plane.put_object(repo, "main", "d/r0.bin", io.BytesIO(head["d/r0.bin"]))
+    c2 = plane.commit(repo, "main", "v2").id
+
+    with spoke.client(timeout=30) as c:
+        # Warm the spoke: the commit id, the tag and the branch, every file.
+        for ref, files in ((c1, v1), ("v1", v1), ("main", head)):
+            for path, data in files.items():
+                r = get(c, repo, ref, path)
+                assert r.status_code == 200 and r.content == data
+
+        hub.kill()
+        time.sleep(LEASE + 0.5)
+
+        # Pinned commits and tags: served completely from the cache.
+        for ref in (c1, "v1"):
+            for path, data in v1.items():
+                r = get(c, repo, ref, path)
+                assert r.status_code == 200, (ref, path, r.status_code, r.text)
+                assert r.content == data
+                assert r.headers["x-fabric-commit"] == c1
+            r = c.get(f"/api/v1/repos/{repo}/refs/{ref}/list", params={"prefix": "d/"})
+            assert r.status_code == 200 and len(r.json()["entries"]) == len(v1)
+        # The branch: served at the last known head, marked stale.
+        for path, data in head.items():
+            r = get(c, repo, "main", path)
+            assert r.status_code == 200, (path, r.text)
+            assert r.content == data
+            assert r.headers["x-fabric-commit"] == c2
+            assert r.headers["x-fabric-stale"] == "true"
+
+        # Writes asking for hub durability: a clear 503.
+        r = put(c, repo, "d/hub-durable.bin", b"must reach the hub", "hub")
+        assert r.status_code == 503
+        err = r.json()["error"]
+        assert err["code"] == "unavailable"
+        assert "hub durability" in err["message"] and "local" in err["message"]
+
+        # Writes with local durability: accepted, and read back at once from the spoke.
+        writes = {
+            "d/new-a.bin": random_bytes(300_000, 1),
+            "d/new-b.txt": text_bytes(200_000, 2),
+            "d/r1.bin": random_bytes(400_000, 3),  # an existing file, overwritten
+        }
+        r = put(c, repo, "d/new-a.bin", b"first version, replaced below", "local")
+        assert r.status_code == 201, r.text
+        for path, data in writes.items():
+            r = put(c, repo, path, data, "local")
+            assert r.status_code == 201, r.text
+        for path, data in writes.items():
+            r = get(c, repo, "main", path)
+            assert r.status_code == 200 and r.content == data
+        listed = [
+            e["path"]
+            for e in c.get(
+                f"/api/v1/repos/{repo}/refs/main/list", params={"prefix": "d/"}
+            ).json()["entries"]
+        ]
+        assert listed == sorted(set(head) | set(writes))
+        assert spoke.stats()["writeback_pending"] == 4
+
+    # kill -9 of the spoke, restarted on the same cache while the hub is still away.
+    spoke.kill()
+    assert queued_rows(spoke.cache) == 4
+    spoke.restart()
+    time.sleep(1.0)
+    assert queued_rows(spoke.cache) == 4  # nothing could land: the hub is down
+
+    # The hub returns: the queued writes land.
+    hub.start()
+    wait_for(lambda: spoke.stats()["writeback_pending"] == 0, timeout=45, interval=0.2)
+    assert queued_rows(spoke.cache) == 0
+    changes = list(plane.uncommitted(repo, "main"))
+    assert sorted(ch.path for ch in changes) == sorted(writes), (
+        "each queued write lands exactly once"
+    )
+    for path, data in writes.items():
+        assert b"".join(plane.read_stream(repo, "main", path)) == data
+    c3 = plane.commit(repo, "main", "writes made while the hub was away").id
+    for path, data in {**head, **writes}.items():
+        assert b"".join(plane.read_stream(repo, c3, path)) == data
+
+    # A second kill -9 and restart replays nothing.
+    spoke.restart(kill=True)
+    time.sleep(2.0)
+    assert list(plane.uncommitted(repo, "main")) == []
+    s = spoke.stats()
+    assert s["writeback_pending"] == 0 and s["writeback_landed"] == 0
+    with spoke.client(timeout=30) as c:
+        wait_for(
+            lambda: (
+                get(c, repo, "main", "d/new-b.txt").headers.get("x-fabric-commit") == c3
+            ),
+            timeout=5,
+        )
+        for path, data in writes.items():
+            assert get(c, repo, "main", path).content == data
+
+
+def test_hub_durability_is_the_default_and_fails_clearly_when_the_hub_is_away(
+    outage,
+) -> None:
+    hub, spoke = outage
+    repo = unique_name("hubdur")
+    hub.plane().create_repo(repo)
+    with spoke.client(timeout=30) as c:
+        assert c.get(f"/api/v1/repos/{repo}/refs/main/list").status_code == 200
+        r = c.put(
+            f"/api/v1/repos/{repo}/branches/main/objects",
+            params={"path": "x"},
+            content=b"x",
+        )
+        assert r.status_code == 201
+        hub.kill()
+        r = c.put(
+            f"/api/v1/repos/{repo}/branches/main/objects",
+            params={"path": "y"},
+            content=b"y",
+        )
+        assert r.status_code == 503
+        assert "hub" in r.json()["error"]["message"]
+        assert spoke.stats()["writeback_pending"] == 0
