@@ -21,6 +21,8 @@ from .tree import Trees
 
 #: Chunks requested from the chunk source at a time while streaming a file.
 READ_BATCH = 64
+#: How many batches ahead of the reader a ``readahead`` callback is told about.
+READAHEAD_BATCHES = 2
 
 
 class Staging(Protocol):
@@ -190,7 +192,7 @@ class Reader:
         for i in range(0, len(wanted), READ_BATCH):
             batch = wanted[i : i + READ_BATCH]
             if readahead is not None and i + READ_BATCH < len(wanted):
-                readahead([w[0] for w in wanted[i + READ_BATCH : i + 2 * READ_BATCH]])
+                readahead([w[0] for w in wanted[i + READ_BATCH : i + (1 + READAHEAD_BATCHES) * READ_BATCH]])
             for (_, a, b), data in zip(batch, self.read_chunks([w[0] for w in batch])):
                 yield data[a:b] if (a, b) != (0, len(data)) else data
 

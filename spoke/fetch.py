@@ -38,7 +38,7 @@ class FetchScheduler:
         cache: DiskCache,
         traffic: Traffic,
         workers: int = 4,
-        batch_ids: int = 64,
+        batch_ids: int = 128,
     ) -> None:
         self._fetch = fetch_frames
         self.cache = cache

@@ -584,7 +584,11 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         responses={200: {"content": {"application/octet-stream": {}}}},
     )
     def frames(body: ChunkIds, who: Caller) -> StreamingResponse:
-        """Stream ``id(32) length(u32 LE) frame`` records for the given chunk ids."""
+        """Stream ``id(32) length(u32 LE) frame`` records for the given chunk ids.
+
+        A chunk id is the BLAKE3 hash of its bytes: it is learnt only from metadata the
+        caller may read (``/entry``) or from the bytes themselves, so it serves as the
+        capability to fetch them; any read role is enough."""
         _require_any(who, "read")
         ids = hex_ids(body.ids)
         stream = iter(plane().frames(ids))
@@ -618,8 +622,15 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         responses={200: {"content": {MSGPACK: {"schema": {"type": "string", "format": "binary"}}}}},
     )
     def objects_batch(body: ObjectIds, who: Caller) -> Response:
-        """Stored bytes of metadata objects (msgpack map id -> bytes); unknown ids are left out."""
-        _require_any(who, "read")
+        """Stored bytes of metadata objects (msgpack map id -> bytes); unknown ids are left out.
+
+        Objects are addressed by id across repositories, so this needs read access to
+        every repository (a global admin, or a role on '*'): it is for spokes."""
+        if not who.can("*", "read"):
+            raise Forbidden(
+                f"token {who.name!r} may not fetch metadata objects by id: that needs read access to all "
+                "repositories (--repo '*'), as a spoke's token has"
+            )
         return Response(msgpack.packb(plane().get_objects(body.ids), use_bin_type=True), media_type=MSGPACK)
 
     @router.get(
