@@ -4,7 +4,8 @@ A spoke never lets its own token stand in for a caller's: every request is
 authenticated as the caller (``/auth/whoami`` at the hub with the caller's
 token) and the caller's roles are enforced here. A verdict is reused for
 ``ttl`` seconds; while the hub is unreachable the last verdict for a token
-keeps being used, and a token the spoke has never seen is refused.
+keeps being used (also across a restart of the spoke), and a token the spoke
+has never seen is refused.
 """
 
 from __future__ import annotations
@@ -19,18 +20,24 @@ from fabric.auth import Principal
 from fabric.client import raise_for_error
 from fabric.errors import Unauthorized, Unavailable
 
+from .state import SpokeState
 from .traffic import METADATA, CountingTransport, Traffic
 
 
 class SpokeAuth:
-    def __init__(self, hub_url: str, traffic: Traffic, ttl: float = 30.0) -> None:
+    def __init__(self, hub_url: str, traffic: Traffic, state: SpokeState, ttl: float = 30.0) -> None:
         self.traffic = traffic
+        self.state = state
         self.ttl = ttl
         self._http = httpx.Client(
             base_url=hub_url.rstrip("/") + "/api/v1", timeout=10.0, transport=CountingTransport(traffic)
         )
         self._lock = threading.Lock()
-        self._seen: dict[str, tuple[float, Principal | None]] = {}
+        # Verdicts from before a restart are expired: used only while the hub is away.
+        self._seen: dict[str, tuple[float, Principal | None]] = {
+            h: (float("-inf"), Principal(p["token_id"], p["name"], p["admin"], p["roles"]))
+            for h, p in state.tokens().items()
+        }
 
     def authenticate(self, token: str) -> Principal:
         key = hashlib.sha256(token.encode()).hexdigest()
@@ -54,6 +61,8 @@ class SpokeAuth:
             raise_for_error(response)
             d = response.json()
             principal = Principal(d["token_id"], d["name"], d["admin"], d["roles"])
+        if hit is None or hit[1] != principal:
+            self.state.save_token(key, principal.describe() if principal else None)
         with self._lock:
             if len(self._seen) > 10000:
                 self._seen.clear()

@@ -56,7 +56,7 @@ def spoke(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     host, port = parse_listen(listen)
     plane = SpokePlane(hub_url, token, cache_dir, parse_size(cache_size), lease=lease, durability=durability)
-    auth = None if no_auth else SpokeAuth(hub_url, plane.traffic)
+    auth = None if no_auth else SpokeAuth(hub_url, plane.traffic, plane.state)
     log.info("spoke of %s: cache %s (%s), durability %s", hub_url, cache_dir, cache_size, durability)
     app = create_app(plane, auth)
     try:

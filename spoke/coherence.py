@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from fabric.client import HttpPlane
 from fabric.errors import FabricError, Unavailable
 
+from .state import SpokeState
 from .traffic import METADATA, Traffic
 
 log = logging.getLogger("fabric.spoke")
@@ -36,12 +37,16 @@ class _Ref:
 
 
 class RefTracker:
-    def __init__(self, upstream: HttpPlane, traffic: Traffic, lease: float = 10.0) -> None:
+    def __init__(self, upstream: HttpPlane, traffic: Traffic, state: SpokeState, lease: float = 10.0) -> None:
         self.upstream = upstream
         self.traffic = traffic
+        self.state = state
         self.lease = lease
         self._lock = threading.Lock()
-        self._refs: dict[tuple[str, str, str], _Ref] = {}
+        # Refs remembered from before a restart count as expired: used only while the hub is away.
+        self._refs: dict[tuple[str, str, str], _Ref] = {
+            (repo, kind, name): _Ref(commit, float("-inf")) for repo, kind, name, commit in state.refs()
+        }
         self._listed: dict[str, float] = {}
         self._staging_seq: dict[tuple[str, str], int] = {}
         self._generation: dict[tuple[str, str], int] = {}
@@ -97,15 +102,13 @@ class RefTracker:
                 for key in [k for k in self._refs if k[0] == repo]:
                     del self._refs[key]
                 self._listed.pop(repo, None)
+                self.state.forget_repo(repo)
             elif kind == "staging":
                 self._staging_seq[(repo, name)] = int(new)
             else:
                 if kind == "branch":
                     self._generation[(repo, name)] = self._generation.get((repo, name), 0) + 1
-                if new is None:
-                    self._refs.pop((repo, kind, name), None)
-                else:
-                    self._refs[(repo, kind, name)] = _Ref(new, now, now)
+                self._set((repo, kind, name), _Ref(new, now, now) if new is not None else None)
 
     def live(self) -> bool:
         """Is the watch stream delivering (so cached refs are current)?"""
@@ -148,20 +151,27 @@ class RefTracker:
             fresh.update({(repo, "tag", t["name"]): t["commit_id"] for t in tags})
             for key in [k for k in self._refs if k[0] == repo and k not in fresh]:
                 if self._refs[key].by_event < started:
-                    del self._refs[key]
+                    self._set(key, None)
             for key, commit in fresh.items():
                 old = self._refs.get(key)
                 if old is None or old.by_event < started:
-                    self._refs[key] = _Ref(commit, now)
+                    self._set(key, _Ref(commit, now))
             self._listed[repo] = started
 
     def note(self, repo: str, kind: str, name: str, commit: str | None) -> None:
         """Record a ref change this spoke made itself (read-your-writes before the event arrives)."""
         with self._lock:
-            if commit is None:
-                self._refs.pop((repo, kind, name), None)
-            else:
-                self._refs[(repo, kind, name)] = _Ref(commit, time.monotonic(), time.monotonic())
+            self._set((repo, kind, name), _Ref(commit, time.monotonic(), time.monotonic()) if commit else None)
+
+    def _set(self, key: tuple[str, str, str], ref: _Ref | None) -> None:
+        """Update a ref in memory and in the spoke's state (called with the lock held)."""
+        old = self._refs.get(key)
+        if ref is None:
+            self._refs.pop(key, None)
+        else:
+            self._refs[key] = ref
+        if (old.commit if old else None) != (ref.commit if ref else None):
+            self.state.save_ref(*key, ref.commit if ref else None)
 
     def staging_seq(self, repo: str, branch: str) -> int | None:
         with self._lock:

@@ -36,6 +36,7 @@ from .cache import DiskCache
 from .coherence import RefTracker, StagingCache
 from .fetch import READAHEAD, FetchScheduler
 from .metacache import SpokeMetaStore
+from .state import SpokeState
 from .traffic import PUSH, CountingTransport, Traffic
 from .writeback import open_writeback
 
@@ -99,11 +100,11 @@ class SpokePlane(DataPlane):
         self.trees = Trees(self.meta)
         self.fetcher = FetchScheduler(self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers)
         self.reader = Reader(self.meta, self.trees, self.fetcher.read)
-        self.tracker = RefTracker(self.upstream, self.traffic, lease)
+        self.state = SpokeState(cache_dir)
+        self.tracker = RefTracker(self.upstream, self.traffic, self.state, lease)
         self.staging = StagingCache(self.upstream, self.tracker, self.traffic)
         self.durability = durability
         self._repos: dict[str, dict] = {}
-        self._commits_of: set[tuple[str, str]] = set()  # (repo, commit id) the hub said belong together
         self._lock = threading.Lock()
         self.tracker.start()
         self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self.staging.invalidate)
@@ -148,14 +149,11 @@ class SpokePlane(DataPlane):
         if not COMMIT_ID_RE.match(text):
             raise NotFound(f"no branch, tag or commit {text!r} in repository {repo!r}")
         if len(text) == 64:
-            with self._lock:
-                known = (repo, text) in self._commits_of
-            if not known:
+            if not self.state.has_commit(repo, text):
                 # Commit objects are shared by every repository: only the hub knows whether this one
                 # is in ``repo`` (a role on one repository must not open another's commits).
                 self.upstream.resolve_commit(repo, text)
-                with self._lock:
-                    self._commits_of.add((repo, text))
+                self.state.add_commit(repo, text)
             self.reader.get_commit(text)
             return text
         return self.upstream.resolve_commit(repo, text)

@@ -153,6 +153,22 @@ def test_hub_killed_pinned_reads_stale_branch_reads_local_writes_land_once(
     time.sleep(1.0)
     assert queued_rows(spoke.cache) == 4  # nothing could land: the hub is down
 
+    # Restarted while the hub is away: what it served before is still served (the branch
+    # marked stale), and the caller's token, checked before the restart, still works.
+    with spoke.client(timeout=30) as c:
+        for ref in (c1, "v1"):
+            for path, data in v1.items():
+                r = get(c, repo, ref, path)
+                assert r.status_code == 200, (ref, path, r.status_code, r.text)
+                assert r.content == data
+        r = get(c, repo, "main", "d/notes.txt")
+        assert r.status_code == 200 and r.content == head["d/notes.txt"]
+        assert r.headers["x-fabric-stale"] == "true"
+        r = get(c, repo, "main", "d/new-b.txt")
+        assert r.status_code == 200 and r.content == writes["d/new-b.txt"]
+        unknown = c.get(f"/api/v1/repos/{repo}/refs/v1/list", headers={"Authorization": "Bearer fab_000000000000_x"})
+        assert unknown.status_code in (401, 503)
+
     # The hub returns: the queued writes land.
     hub.start()
     wait_for(lambda: spoke.stats()["writeback_pending"] == 0, timeout=45, interval=0.2)
