@@ -20,8 +20,9 @@ from typing import Any
 from ..errors import BadRequest, Unavailable
 
 DDL_TYPES = {
-    "sqlite": {"blob": "BLOB", "text_c": "TEXT", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"},
-    "postgres": {"blob": "BYTEA", "text_c": 'TEXT COLLATE "C"', "serial": "BIGSERIAL PRIMARY KEY"},
+    "sqlite": {"blob": "BLOB", "text_c": "TEXT", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "real": "REAL"},
+    # PostgreSQL's REAL is a 4-byte float: Unix times would be off by up to a minute.
+    "postgres": {"blob": "BYTEA", "text_c": 'TEXT COLLATE "C"', "serial": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION"},
 }
 
 

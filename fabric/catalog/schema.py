@@ -10,7 +10,7 @@ CREATE TABLE IF NOT EXISTS settings (
 CREATE TABLE IF NOT EXISTS repos (
     name TEXT PRIMARY KEY,
     default_branch TEXT NOT NULL,
-    created REAL NOT NULL
+    created {real} NOT NULL
 );
 CREATE TABLE IF NOT EXISTS refs (
     repo TEXT NOT NULL,
@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS refs (
     name {text_c} NOT NULL,
     commit_id TEXT NOT NULL,
     staging_seq BIGINT NOT NULL DEFAULT 0,
-    updated REAL NOT NULL,
+    updated {real} NOT NULL,
     PRIMARY KEY (repo, kind, name)
 );
 CREATE TABLE IF NOT EXISTS commits (
@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS packs (
     id TEXT PRIMARY KEY,
     size BIGINT NOT NULL,
     data_size BIGINT NOT NULL,
-    created REAL NOT NULL
+    created {real} NOT NULL
 );
 CREATE TABLE IF NOT EXISTS chunks (
     id {blob} PRIMARY KEY,
@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     off BIGINT NOT NULL,
     len INTEGER NOT NULL,
     raw_len INTEGER NOT NULL,
-    touched REAL NOT NULL
+    touched {real} NOT NULL
 );
 CREATE INDEX IF NOT EXISTS chunks_by_pack ON chunks (pack);
 CREATE TABLE IF NOT EXISTS ref_events (
@@ -56,15 +56,15 @@ CREATE TABLE IF NOT EXISTS ref_events (
     name TEXT NOT NULL,
     old_commit TEXT,
     new_commit TEXT,
-    time REAL NOT NULL
+    time {real} NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY,
     secret_hash TEXT NOT NULL,
     name TEXT NOT NULL,
     admin INTEGER NOT NULL,
-    created REAL NOT NULL,
-    revoked REAL
+    created {real} NOT NULL,
+    revoked {real}
 );
 CREATE TABLE IF NOT EXISTS token_roles (
     token_id TEXT NOT NULL,
@@ -81,6 +81,6 @@ CREATE TABLE IF NOT EXISTS buckets (
     repo TEXT NOT NULL,
     ref TEXT NOT NULL,
     created_by_s3 INTEGER NOT NULL DEFAULT 0,
-    created REAL NOT NULL
+    created {real} NOT NULL
 )
 """

@@ -43,7 +43,7 @@ def _kv(text: str) -> tuple[str, str]:
 @click.command("log")
 @click.argument("source", metavar="REPO@REF")
 @click.option("--path", help="Only commits that changed this path (file or directory).")
-@click.option("-n", "--limit", type=click.IntRange(1), default=100, show_default=True)
+@click.option("-n", "--limit", type=click.IntRange(1), default=100, show_default=True, help="At most this many commits.")
 @click.option("--after", metavar="COMMIT", help="Continue after this commit (pagination).")
 @pass_ctx
 @handle_errors

@@ -60,4 +60,4 @@ def from_fabric(exc: FabricError, missing: str = "NoSuchKey") -> S3Error:
         return S3Error("ServiceUnavailable", exc.message, 503)
     if isinstance(exc, Corruption):
         return S3Error("InternalError", "stored data failed verification; it is not served", 500)
-    return S3Error("InternalError", exc.message, exc.status if exc.status >= 500 else 500)
+    return S3Error("InternalError", exc.message, max(exc.status, 500))

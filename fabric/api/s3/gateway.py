@@ -25,23 +25,20 @@ seconds for branches written to).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import logging
-import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from email.utils import formatdate, parsedate_to_datetime
 from typing import Any
 from urllib.parse import unquote
-
-import anyio
-import anyio.from_thread
-import anyio.to_thread
 
 from ...auth import ANONYMOUS_ADMIN, Principal
 from ...errors import BadRequest, FabricError, NotFound
@@ -59,6 +56,8 @@ access_log = logging.getLogger("fabric.s3.access")
 
 #: Objects up to this size are read whole in one worker-thread hop; larger ones stream.
 SMALL_OBJECT = 1 << 20
+#: An unread request body up to this size is read and dropped after an early answer; larger ones close the connection.
+DRAIN_LIMIT = 8 << 20
 STREAM_PIECE = 1 << 20
 MAX_META_BYTES = 2048
 #: Standard headers kept with an object (stored in its metadata under ``s3:NAME``).
@@ -155,8 +154,9 @@ def plane_bindings(plane: DataPlane) -> BindingLookup:
 class AsgiBody:
     """A blocking ``read(n)`` over an ASGI ``receive`` channel, for worker threads."""
 
-    def __init__(self, receive: Callable[[], Any]) -> None:
+    def __init__(self, receive: Callable[[], Any], loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._receive = receive
+        self._loop = loop
         self._buf = bytearray()
         self._more = True
         self.started = False
@@ -169,10 +169,27 @@ class AsgiBody:
         self._more = bool(msg.get("more_body", False))
         return msg.get("body", b"")
 
+    def unread(self, scope: dict) -> bool:
+        """Whether the request declared a body that has not been read to its end."""
+        if not self._more:
+            return False
+        for k, v in scope["headers"]:
+            if k == b"content-length" and v.strip() not in (b"", b"0"):
+                return True
+            if k == b"transfer-encoding":
+                return True
+        return False
+
+    async def drain(self) -> None:
+        while self._more:
+            await self._next()
+        self._buf = bytearray()
+
     def read(self, n: int = -1) -> bytes:
         self.started = True
         while self._more and (n < 0 or len(self._buf) < n):
-            self._buf += anyio.from_thread.run(self._next)
+            assert self._loop is not None, "AsgiBody.read() runs in a worker thread of the gateway"
+            self._buf += asyncio.run_coroutine_threadsafe(self._next(), self._loop).result()
         if n < 0 or n >= len(self._buf):
             out, self._buf = bytes(self._buf), bytearray()
         else:
@@ -274,6 +291,8 @@ class S3Gateway:
         region: str = "us-east-1",
         cache_seconds: float = 2.0,
         access_log_enabled: bool = True,
+        workers: int = 32,
+        upload_expiry: float = 7 * 24 * 3600.0,
     ) -> None:
         self.plane = plane
         self.credentials = credentials
@@ -289,11 +308,46 @@ class S3Gateway:
         self._cond_guard = threading.Lock()
         self.stats = {"requests": 0, "errors": 0, "bytes_in": 0, "bytes_out": 0}
         self._ops: dict[tuple[str, int], int] = {}
+        self._modes: dict[str, int] = {}  # request bodies by payload signing mode
+        #: Plane calls block (SQLite, disk): they run here, never on the event loop.
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3-gateway")
+        self.upload_expiry = upload_expiry
+        self._stop = threading.Event()
+        self._maint = threading.Thread(target=self._maintenance_loop, name="s3-uploads", daemon=True)
+        self._maint.start()
 
     def close(self) -> None:
+        self._stop.set()
         if self.autocommit is not None:
             self.autocommit.close()
         self.uploads.close()
+        self._pool.shutdown(wait=False)
+
+    # -- upload maintenance --------------------------------------------------------------
+    MAINTENANCE_INTERVAL = 1200.0
+
+    def maintain_uploads(self, now: float | None = None) -> dict:
+        """Keep the chunks of uploads in progress from garbage collection (asking the plane
+        which of them it lacks refreshes them), and abort uploads older than ``upload_expiry``."""
+        now = time.time() if now is None else now
+        touched = aborted = 0
+        for up in self.uploads.all():
+            if now - up.created > self.upload_expiry:
+                self.uploads.delete(up.id)
+                aborted += 1
+                continue
+            ids = [cid for _, _, chunks in self.uploads.part_chunks(up.id).values() for cid, _ in chunks]
+            for i in range(0, len(ids), 10000):
+                self.plane.missing_chunks(ids[i : i + 10000])
+            touched += len(ids)
+        return {"touched_chunks": touched, "aborted_uploads": aborted}
+
+    def _maintenance_loop(self) -> None:
+        while not self._stop.wait(self.MAINTENANCE_INTERVAL):
+            try:
+                self.maintain_uploads()
+            except Exception:
+                log.exception("multipart upload maintenance failed")
 
     # -- ASGI ------------------------------------------------------------------------
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -303,7 +357,7 @@ class S3Gateway:
                 if msg["type"] == "lifespan.startup":
                     await send({"type": "lifespan.startup.complete"})
                 elif msg["type"] == "lifespan.shutdown":
-                    await anyio.to_thread.run_sync(self.close)
+                    await asyncio.get_running_loop().run_in_executor(None, self.close)
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         if scope["type"] != "http":
@@ -315,7 +369,8 @@ class S3Gateway:
         raw_path_s = raw_path.decode("latin-1")
         path = scope["path"]
         op = ["?"]
-        body = AsgiBody(receive)
+        loop = asyncio.get_running_loop()
+        body = AsgiBody(receive, loop)
         try:
             if path.startswith("/_fabric/"):
                 resp = self._service(path)
@@ -327,12 +382,14 @@ class S3Gateway:
                     headers[name] = headers[name] + "," + value if name in headers else value
                 query = sigv4.parse_query(scope.get("query_string", b"").decode("latin-1"))
                 req = sigv4.SignedRequest(method, raw_path_s, path, query, headers)
-                resp = await anyio.to_thread.run_sync(self._handle, req, rid, body, op)
+                resp = await loop.run_in_executor(self._pool, self._handle, req, rid, body, op)
         except S3Error as err:
             resp = self._error(err, path, rid, method)
-        except Exception:  # noqa: BLE001 - answer every failure as an S3 error
+        except Exception:
             log.exception("S3 request %s %s failed", method, path)
             resp = self._error(S3Error("InternalError", "We encountered an internal error. Please try again.", 500), path, rid, method)
+        if body.unread(scope):
+            await self._settle_body(scope, body, resp)
         sent = await self._send(resp, send, method)
         status = resp.status
         self.stats["requests"] += 1
@@ -346,6 +403,24 @@ class S3Gateway:
                 "%s %s %s %d %d %.1fms", (scope.get("client") or ("-",))[0], method, path, status, sent,
                 (time.perf_counter() - start) * 1000,
             )
+
+    async def _settle_body(self, scope: dict, body: AsgiBody, resp: Response) -> None:
+        """An answer given before the request body was read (an error, mostly).
+
+        A client waiting on ``Expect: 100-continue`` never sends the body, one that
+        did not wait is sending it: keeping the connection would read one as the
+        other's next request. Small bodies are drained; otherwise the connection closes.
+        """
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        declared = headers.get("content-length", "")
+        small = declared.isdigit() and int(declared) <= DRAIN_LIMIT
+        if "100-continue" in headers.get("expect", "").lower() and not body.started or not small:
+            resp.headers = {**(resp.headers or {}), "Connection": "close"}
+            return
+        try:
+            await body.drain()
+        except S3Error:
+            resp.headers = {**(resp.headers or {}), "Connection": "close"}
 
     async def _send(self, resp: Response, send: Callable, method: str) -> int:
         headers = resp.headers or {}
@@ -368,9 +443,10 @@ class S3Gateway:
             await send({"type": "http.response.body", "body": bytes(body)})
             return len(body)
         sent = 0
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                piece = await anyio.to_thread.run_sync(_next_batch, body)
+                piece = await loop.run_in_executor(self._pool, _next_batch, body)
                 if not piece:
                     break
                 sent += len(piece)
@@ -379,7 +455,7 @@ class S3Gateway:
         finally:
             close = getattr(body, "close", None)
             if close:
-                await anyio.to_thread.run_sync(close)
+                await loop.run_in_executor(self._pool, close)
         return sent
 
     def _service(self, path: str) -> Response:
@@ -392,6 +468,8 @@ class S3Gateway:
                 "# TYPE fabric_s3_bytes counter",
                 f'fabric_s3_bytes{{direction="out"}} {self.stats["bytes_out"]}',
                 f'fabric_s3_bytes{{direction="in"}} {self.stats["bytes_in"]}',
+                "# TYPE fabric_s3_payloads counter",
+                *(f'fabric_s3_payloads{{mode="{m}"}} {n}' for m, n in sorted(self._modes.items())),
             ]
             return Response(200, {"Content-Type": "text/plain; version=0.0.4"}, ("\n".join(lines) + "\n").encode())
         raise S3Error("NoSuchBucket", "The specified bucket does not exist", 404)
@@ -434,9 +512,8 @@ class S3Gateway:
     def _bucket_op(self, ctx: Ctx, m: str, name: str, op: list[str]) -> Response:
         q = ctx.q
         if m == "PUT":
-            if q:
-                if "versioning" in q or "acl" in q or "tagging" in q:
-                    raise S3Error("NotImplemented", "bucket configuration cannot be changed on this gateway", 501)
+            if "versioning" in q or "acl" in q or "tagging" in q:
+                raise S3Error("NotImplemented", "bucket configuration cannot be changed on this gateway", 501)
             op[0] = "CreateBucket"
             return self.create_bucket(ctx, name)
         b = self.bucket(name)
@@ -542,7 +619,11 @@ class S3Gateway:
             return sigv4.AuthResult(ANONYMOUS_ADMIN, "", payload, sig, b"", amz_date, "")
         if sigv4.is_presigned(req):
             return sigv4.verify_presigned(req, self._lookup_credentials)
+        if sigv4.is_presigned_v2(req):
+            return sigv4.verify_v2_presigned(req, self._lookup_credentials)
         if "authorization" in req.headers:
+            if req.headers["authorization"].startswith("AWS "):
+                return sigv4.verify_v2_header(req, self._lookup_credentials)
             return sigv4.verify_header(req, self._lookup_credentials)
         raise S3Error("AccessDenied", "Anonymous access is not allowed: sign requests with a fabric token's S3 key pair", 403)
 
@@ -568,17 +649,20 @@ class S3Gateway:
             return None
         return Bucket(name, name, None, info.get("created", 0.0))
 
-    def _split(self, b: Bucket, key: str) -> tuple[str, str, bool]:
-        """``(ref, path, is_dir_marker)`` of a key."""
+    def _split(self, b: Bucket, key: str, write: bool = True) -> tuple[str, str, bool]:
+        """``(ref, path, is_dir_marker)`` of a key. A key no path can have is refused for
+        writes (InvalidArgument) and simply absent for reads (NoSuchKey)."""
         if b.ref is not None:
             ref, rest = b.ref, key
         else:
             ref, sep, rest = key.partition("/")
-            if not sep or not ref:
+            if not sep or not ref or not rest:
+                if not write:
+                    raise S3Error("NoSuchKey", "The specified key does not exist.", 404, Key=key)
                 raise S3Error(
-                    "NoSuchKey" if not sep else "InvalidArgument",
+                    "InvalidArgument",
                     f"keys of bucket {b.name!r} are REF/PATH (a branch, tag or commit, then the path)",
-                    404 if not sep else 400,
+                    400,
                     Key=key,
                 )
         is_dir = rest.endswith("/")
@@ -586,6 +670,8 @@ class S3Gateway:
         try:
             check_path(path)
         except FabricError as exc:
+            if not write:
+                raise S3Error("NoSuchKey", "The specified key does not exist.", 404, Key=key) from None
             raise from_fabric(exc) from None
         return ref, path, is_dir
 
@@ -618,7 +704,7 @@ class S3Gateway:
             return False
 
     def _locate_read(self, ctx: Ctx, b: Bucket, key: str) -> tuple[str, str, bool, Entry]:
-        ref, path, is_dir = self._split(b, key)
+        ref, path, is_dir = self._split(b, key, write=False)
         self._require(ctx, b, "read")
         entry = self._stat(b, ref, path, key)
         if (entry.kind == DIR) != is_dir or entry.kind not in (FILE, DIR):
@@ -668,6 +754,8 @@ class S3Gateway:
     def _payload(self, ctx: Ctx) -> Any:
         """The request body as a verified, decoded file-like object."""
         headers = ctx.req.headers
+        mode = "SHA256" if len(ctx.auth.payload) == 64 else ctx.auth.payload
+        self._modes[mode] = self._modes.get(mode, 0) + 1
         checks = sigv4.BodyChecks.from_headers(headers, ctx.auth.payload)
         encoding = headers.get("content-encoding", "")
         chunked = ctx.auth.payload in sigv4.STREAMING_MODES or "aws-chunked" in encoding.lower()
@@ -986,7 +1074,7 @@ class S3Gateway:
         return h
 
     def get_object(self, ctx: Ctx, b: Bucket, key: str, head: bool) -> Response:
-        ref, path, is_dir, e = self._locate_read(ctx, b, key)
+        ref, path, _, e = self._locate_read(ctx, b, key)
         self._conditions(ctx, e, "")
         size = e.size if e.kind == FILE else 0
         offset, length, status = 0, size, 200
@@ -1143,7 +1231,7 @@ class S3Gateway:
         if not bucket_name or not key:
             raise S3Error("InvalidArgument", "Copy Source must mention the source bucket and key: sourcebucket/sourcekey", 400)
         sb = self.bucket(bucket_name)
-        ref, path, is_dir = self._split(sb, key)
+        ref, path, is_dir = self._split(sb, key, write=False)
         self._require(ctx, sb, "read")
         try:
             entry = self.plane.stat_chunks(sb.repo, ref, path)
@@ -1198,7 +1286,7 @@ class S3Gateway:
         resp.headers.update(headers)  # type: ignore[union-attr]
         return resp
 
-    def _upload(self, ctx: Ctx, b: Bucket, key: str, role: str = "write"):  # noqa: ANN202
+    def _upload(self, ctx: Ctx, b: Bucket, key: str, role: str = "write"):
         upload_id = ctx.q.get("uploadId", "")
         up = self.uploads.get(upload_id)
         if up is None or up.bucket != b.name or up.key != key:
@@ -1397,8 +1485,7 @@ def _etag_matches(header: str, md5: str) -> bool:
         tag = tag.strip()
         if tag == "*":
             return True
-        if tag.startswith("W/"):
-            tag = tag[2:]
+        tag = tag.removeprefix("W/")
         if tag.strip('"') == md5:
             return True
     return False
@@ -1431,10 +1518,10 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
             end = int(z) if z else size - 1
     except ValueError:
         return None
-    if start < 0 or end < start:
-        return None
     if start >= size:
         raise _invalid_range(size)
+    if start < 0 or end < start:
+        return None
     end = min(end, size - 1)
     return start, end - start + 1
 

@@ -143,6 +143,10 @@ class Uploads:
             cur.execute("COMMIT")
             return gone
 
+    def all(self) -> list[Upload]:
+        rows = self._q("SELECT id, bucket, key, repo, branch, path, meta, initiator, created FROM uploads ORDER BY created")
+        return [Upload(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8]) for r in rows]
+
     def list(self, bucket: str, prefix: str = "", key_marker: str = "", id_marker: str = "", limit: int = 1000) -> list[Upload]:
         rows = self._q(
             "SELECT id, bucket, key, repo, branch, path, meta, initiator, created FROM uploads "

@@ -46,13 +46,21 @@ _SPACES = re.compile(r"\s+")
 CredentialLookup = Callable[[str], tuple[Any, str]]
 
 
+_UNRESERVED = re.compile(r"^[A-Za-z0-9_.~-]*$")
+_UNRESERVED_PATH = re.compile(r"^[A-Za-z0-9_.~/-]*$")
+
+
 def _quote(s: str, safe: str = "-_.~") -> str:
+    if _UNRESERVED.match(s):
+        return s
     return quote(s, safe=safe)
 
 
 def uri_encode_path(path: str) -> str:
     """S3's canonical URI for a decoded path: every byte but unreserved ones and '/' escaped."""
-    return _quote(path, safe="-_.~/")
+    if _UNRESERVED_PATH.match(path):
+        return path
+    return quote(path, safe="-_.~/")
 
 
 def canonical_query(pairs: Sequence[tuple[str, str]]) -> str:
@@ -139,11 +147,16 @@ class AuthResult:
     extra: dict = field(default_factory=dict)
 
 
+_AMZ_DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z$")
+
+
 def _parse_amz_date(text: str) -> float:
-    try:
-        return float(timegm(time.strptime(text, "%Y%m%dT%H%M%SZ")))
-    except (ValueError, TypeError):
-        raise S3Error("AccessDenied", f"invalid X-Amz-Date {text!r}: expected YYYYMMDDTHHMMSSZ", 403) from None
+    m = _AMZ_DATE.match(text or "")
+    if m:
+        y, mo, d, hh, mm, ss = (int(g) for g in m.groups())
+        if 1 <= mo <= 12 and 1 <= d <= 31 and hh < 24 and mm < 60 and ss < 61:
+            return float(timegm((y, mo, d, hh, mm, ss, 0, 0, 0)))
+    raise S3Error("AccessDenied", f"invalid X-Amz-Date {str(text)[:40]!r}: expected YYYYMMDDTHHMMSSZ", 403)
 
 
 def _header_date(req: SignedRequest) -> tuple[str, float]:
@@ -181,8 +194,6 @@ def parse_authorization(header: str) -> dict[str, str]:
     """``AWS4-HMAC-SHA256 Credential=…, SignedHeaders=…, Signature=…`` -> its fields."""
     algo, _, rest = header.strip().partition(" ")
     if algo != ALGORITHM:
-        if algo == "AWS" or header.startswith("AWS "):
-            raise S3Error("InvalidRequest", "Signature Version 2 is not supported; sign requests with AWS4-HMAC-SHA256", 400)
         raise S3Error("AuthorizationHeaderMalformed", f"unsupported authorization algorithm {algo[:40]!r}", 400)
     fields: dict[str, str] = {}
     for part in rest.split(","):
@@ -319,6 +330,102 @@ def is_presigned(req: SignedRequest) -> bool:
     return any(k == "X-Amz-Signature" for k, _ in req.query)
 
 
+# -- Signature Version 2 (HMAC-SHA1) --------------------------------------------------------
+# boto3 still presigns S3 URLs with it unless told signature_version='s3v4', so
+# presigned URLs from an unconfigured client are V2; a few old tools sign
+# headers with it too. The string to sign covers the method, Content-MD5,
+# Content-Type, the date (the expiry time for URLs), x-amz-* headers and the
+# resource with its sub-resources.
+V2_SUBRESOURCES = frozenset(
+    ["accelerate", "acl", "cors", "defaultObjectAcl", "location", "logging", "partNumber", "policy", "requestPayment", "torrent", "versioning", "versionId", "versions", "website", "uploads", "uploadId", "response-content-type", "response-content-language", "response-expires", "response-cache-control", "response-content-disposition", "response-content-encoding", "delete", "lifecycle", "tagging", "restore", "storageClass", "notification", "replication", "analytics", "metrics", "inventory", "select", "select-type", "object-lock"]
+)
+
+
+def is_presigned_v2(req: SignedRequest) -> bool:
+    return req.query_value("Signature") is not None and req.query_value("AWSAccessKeyId") is not None
+
+
+def _v2_string(req: SignedRequest, date: str) -> str:
+    h = req.headers
+    amz = sorted((k, v) for k, v in h.items() if k.startswith("x-amz-"))
+    amz_lines = "".join(f"{k}:{_SPACES.sub(' ', v.strip())}\n" for k, v in amz)
+    subs = sorted((k, v) for k, v in req.query if k in V2_SUBRESOURCES)
+    resource = req.raw_path or "/"
+    if subs:
+        resource += "?" + "&".join(f"{k}={v}" if v != "" else k for k, v in subs)
+    return f"{req.method}\n{h.get('content-md5', '')}\n{h.get('content-type', '')}\n{date}\n{amz_lines}{resource}"
+
+
+def _v2_check(req: SignedRequest, secret: str, dates: Sequence[str], signature: str) -> None:
+    tried = set()
+    for path in (req.raw_path or "/", uri_encode_path(req.path) or "/"):
+        for date in dates:
+            if (path, date) in tried:
+                continue
+            tried.add((path, date))
+            probe = SignedRequest(req.method, path, req.path, req.query, req.headers)
+            sts = _v2_string(probe, date)
+            expected = base64.b64encode(hmac.new(secret.encode(), sts.encode(), hashlib.sha1).digest()).decode()
+            if hmac.compare_digest(expected, signature):
+                return
+    raise S3Error(
+        "SignatureDoesNotMatch",
+        "The request signature we calculated does not match the signature you provided. Check your key and signing method.",
+        403,
+    )
+
+
+def verify_v2_presigned(req: SignedRequest, credentials: CredentialLookup, now: float | None = None) -> AuthResult:
+    """``?AWSAccessKeyId=…&Expires=…&Signature=…`` (Signature Version 2 query authentication)."""
+    access_key = req.query_value("AWSAccessKeyId") or ""
+    try:
+        expires = int(req.query_value("Expires") or "")
+    except ValueError:
+        raise S3Error("AccessDenied", "Expires must be a number of seconds since the epoch", 403) from None
+    now = time.time() if now is None else now
+    if now > expires:
+        raise S3Error("AccessDenied", "Request has expired", 403)
+    if expires - now > MAX_PRESIGN_EXPIRES:
+        raise S3Error("AccessDenied", "presigned URLs are valid for at most 7 days", 403)
+    principal, secret = _lookup(credentials, access_key)
+    query = [(k, v) for k, v in req.query if k not in ("Signature", "AWSAccessKeyId", "Expires")]
+    probe = SignedRequest(req.method, req.raw_path, req.path, query, req.headers)
+    _v2_check(probe, secret, [str(expires)], req.query_value("Signature") or "")
+    return AuthResult(principal, access_key, UNSIGNED, presigned=True)
+
+
+def verify_v2_header(req: SignedRequest, credentials: CredentialLookup, now: float | None = None) -> AuthResult:
+    """``Authorization: AWS ACCESS_KEY:SIGNATURE`` (Signature Version 2)."""
+    cred = req.headers["authorization"].strip()[4:]
+    access_key, colon, signature = cred.partition(":")
+    if not colon:
+        raise S3Error("AuthorizationHeaderMalformed", "expected 'AWS ACCESS_KEY:SIGNATURE'", 400)
+    if "x-amz-date" in req.headers:
+        ts = _parse_v2_date(req.headers["x-amz-date"])
+    elif "date" in req.headers:
+        ts = _parse_v2_date(req.headers["date"])
+    else:
+        raise S3Error("AccessDenied", "the request has neither a Date nor an X-Amz-Date header", 403)
+    dates = [req.headers["date"], ""] if "date" in req.headers else [""]
+    now = time.time() if now is None else now
+    if abs(now - ts) > MAX_SKEW:
+        raise S3Error("RequestTimeTooSkewed", "The difference between the request time and the current time is too large.", 403)
+    principal, secret = _lookup(credentials, access_key)
+    _v2_check(req, secret, dates, signature)
+    return AuthResult(principal, access_key, UNSIGNED)
+
+
+def _parse_v2_date(text: str) -> float:
+    try:
+        return parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError):
+        pass
+    try:
+        return _parse_amz_date(text)
+    except S3Error:
+        raise S3Error("AccessDenied", "the request date could not be parsed", 403) from None
+
+
 # -- checksums -------------------------------------------------------------------
 def _crc32_factory() -> Any:
     return _Crc(zlib.crc32, 4)
@@ -377,7 +484,7 @@ class BodyChecks:
         self.size = 0
 
     @classmethod
-    def from_headers(cls, headers: dict[str, str], payload: str) -> "BodyChecks":
+    def from_headers(cls, headers: dict[str, str], payload: str) -> BodyChecks:
         c = cls()
         if _HEX64.match(payload):
             c.sha256_hex = payload
@@ -397,13 +504,18 @@ class BodyChecks:
                 c.expect_checksum(name[len("x-amz-checksum-") :], value)
         return c
 
-    def expect_checksum(self, algo: str, value: str) -> None:
+    def expect_checksum(self, algo: str, value: str | None) -> None:
+        """Check the body against ``x-amz-checksum-ALGO``; ``value=None`` announces a trailing
+        checksum (hashing starts now, the value comes at the end)."""
         algo = algo.lower()
         if algo not in CHECKSUMS:
             raise S3Error("InvalidRequest", f"unknown checksum algorithm {algo!r}", 400)
-        self.checksums[algo] = value.strip()
+        if value is not None:
+            if self.size and algo not in self._algos and CHECKSUMS[algo] is not None:
+                raise S3Error("MalformedTrailerError", f"trailing checksum {algo} was not announced in x-amz-trailer", 400)
+            self.checksums[algo] = value.strip()
         factory = CHECKSUMS[algo]
-        if factory is not None:
+        if factory is not None and algo not in self._algos:
             self._algos[algo] = factory()
 
     def update(self, data: bytes | memoryview) -> None:
@@ -427,6 +539,8 @@ class BodyChecks:
         if self._md5 is not None and base64.b64encode(self._md5.digest()).decode() != self.md5_b64:
             raise S3Error("BadDigest", "The Content-MD5 you specified did not match what we received.", 400)
         for algo, h in self._algos.items():
+            if algo not in self.checksums:
+                raise S3Error("MalformedTrailerError", f"the announced trailing checksum {algo} is missing", 400)
             if base64.b64encode(h.digest()).decode() != self.checksums[algo]:
                 raise S3Error("BadDigest", f"The {algo.upper()} you specified did not match the calculated checksum.", 400)
 
@@ -469,8 +583,12 @@ class ChunkedBody:
         self._auth = auth
         self.checks = checks
         self._signed = auth.payload in (STREAMING_SIGNED, STREAMING_SIGNED_TRAILER)
+        self._verify = self._signed and bool(auth.key)  # no key: authentication is off, decode only
         self._trailer = auth.payload in (STREAMING_SIGNED_TRAILER, STREAMING_UNSIGNED_TRAILER)
-        self._trailer_names = [t.strip().lower() for t in trailer_names if t.strip()]
+        self._trailer_names = [t.strip().lower() for t in trailer_names if t.strip()] if self._trailer else []
+        for name in self._trailer_names:
+            if name.startswith("x-amz-checksum-"):
+                checks.expect_checksum(name[len("x-amz-checksum-") :], None)
         self._prev = auth.signature
         self._buf = bytearray()
         self._out = bytearray()
@@ -529,10 +647,10 @@ class ChunkedBody:
             k, _, v = ext.strip().partition("=")
             if k.strip() == "chunk-signature":
                 sig = v.strip()
-        if self._signed and not sig:
+        if self._verify and not sig:
             raise S3Error("SignatureDoesNotMatch", "an aws-chunked chunk lacks its chunk-signature", 403)
         data = self._exact(size) if size else memoryview(b"")
-        if self._signed:
+        if self._verify:
             expected = sign(self._auth.key, self._chunk_string(data))
             if not hmac.compare_digest(expected, sig):
                 raise S3Error(
@@ -564,7 +682,7 @@ class ChunkedBody:
                     trailer_sig = value
                 else:
                     trailers.append((name, value))
-            if self._signed:
+            if self._verify:
                 if trailer_sig is None:
                     raise S3Error("SignatureDoesNotMatch", "the trailing headers lack x-amz-trailer-signature", 403)
                 canon = "".join(f"{n}:{v}\n" for n, v in trailers)
