@@ -18,6 +18,7 @@ import httpx
 import msgpack
 
 from . import errors
+from .auth import Principal
 from .api.wire import MSGPACK, commit_from_json, entry_from_json, pack_changes
 from .ingest import PackSession
 from .listing import Change, Listing
@@ -356,6 +357,12 @@ class HttpPlane(DataPlane):
 
     def revoke_token(self, token_id: str) -> None:
         self._call("DELETE", f"/tokens/{token_id}")
+
+    def s3_key(self, access_key_id: str) -> tuple[Principal, str]:
+        """``(principal, secret)`` of an S3 access key id (admin tokens only)."""
+        d = self._json("GET", f"/auth/s3-keys/{access_key_id}")
+        p = d["principal"]
+        return Principal(p["token_id"], p["name"], p["admin"], p["roles"]), d["secret"]
 
     def whoami(self) -> dict:
         return self._json("GET", "/auth/whoami")

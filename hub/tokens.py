@@ -45,6 +45,11 @@ class WhoAmI(BaseModel):
     roles: dict[str, str]
 
 
+class S3Key(BaseModel):
+    principal: WhoAmI
+    secret: str
+
+
 def tokens_router(tokens: TokenStore, authenticate: Callable[..., Principal]) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["auth"])
     Caller = Annotated[Principal, Depends(authenticate)]
@@ -65,6 +70,15 @@ def tokens_router(tokens: TokenStore, authenticate: Callable[..., Principal]) ->
         who.require_admin()
         tokens.revoke(token_id)
         return Response(status_code=204)
+
+    @router.get("/auth/s3-keys/{access_key_id}", response_model=S3Key)
+    def s3_key(access_key_id: str, who: Caller) -> dict:
+        """The token behind an S3 access key id and the secret its signatures use.
+
+        For spokes that serve S3 (they verify signatures themselves); global admins only."""
+        who.require_admin()
+        principal, secret = tokens.s3_principal(access_key_id)
+        return {"principal": principal.describe(), "secret": secret}
 
     @router.get("/auth/whoami", response_model=WhoAmI)
     def whoami(who: Caller) -> dict:

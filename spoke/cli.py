@@ -18,7 +18,7 @@ log = logging.getLogger("fabric.spoke")
 @click.option("--cache", "cache_dir", required=True, metavar="DIR", help="Cache directory (survives restarts).")
 @click.option("--cache-size", required=True, metavar="SIZE", help="Cache budget, never exceeded: e.g. 50G, 512MiB.")
 @click.option("--listen", default="127.0.0.1:8700", show_default=True, metavar="HOST:PORT", help="REST API address.")
-@click.option("--s3-listen", metavar="HOST:PORT", help="Also serve the S3 API on this address.")
+@click.option("--s3-listen", metavar="HOST:PORT", help="Also serve the S3 API on this address (the spoke's --token must then be a global admin token: it fetches S3 key secrets from the hub).")
 @click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="The spoke's own token at the hub (needs read, and write to accept writes). Env: FABRIC_TOKEN.")
 @click.option("--lease", type=float, default=10.0, show_default=True, metavar="SECONDS", help="How stale a branch head may be when the hub's watch stream is down.")
 @click.option("--durability", type=click.Choice(["hub", "local"]), default="hub", show_default=True, help="Default for writes: hub = stored at the hub before success; local = queued on this spoke's disk, pushed when the hub is reachable.")
@@ -50,8 +50,6 @@ def spoke(
     from .auth import SpokeAuth
     from .plane import SpokePlane
 
-    if s3_listen:
-        raise click.UsageError("--s3-listen: the S3 API is not part of this build yet")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     host, port = parse_listen(listen)
@@ -59,8 +57,19 @@ def spoke(
     auth = None if no_auth else SpokeAuth(hub_url, plane.traffic, plane.state)
     log.info("spoke of %s: cache %s (%s), durability %s", hub_url, cache_dir, cache_size, durability)
     app = create_app(plane, auth)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)
     try:
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)).run()
+        if not s3_listen:
+            uvicorn.Server(config).run()
+            return
+        from fabric.api.s3.serve import s3_uvicorn_config, serve_together
+
+        from .s3 import create_s3_app
+
+        s3_host, s3_port = parse_listen(s3_listen)
+        gateway = create_s3_app(plane, cache_dir, auth=not no_auth, access_log=log_level in ("debug", "info"))
+        log.info("S3 API on http://%s:%d", s3_host, s3_port)
+        serve_together([config, s3_uvicorn_config(gateway, s3_host, s3_port, log_level)])
     finally:
         plane.close()
 

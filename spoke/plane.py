@@ -36,6 +36,7 @@ from .cache import DiskCache
 from .coherence import RefTracker, StagingCache
 from .fetch import READAHEAD, FetchScheduler
 from .metacache import SpokeMetaStore
+from .remember import Remembered
 from .state import SpokeState
 from .traffic import PUSH, CountingTransport, Traffic
 from .writeback import open_writeback
@@ -44,6 +45,8 @@ HUB = "hub"
 LOCAL = "local"
 #: Share of the cache budget for metadata objects (ranges, commits, chunk lists).
 META_SHARE = 0.1
+#: How long answers about repositories and bucket bindings are reused without asking the hub.
+ANSWER_TTL = 30.0
 
 
 class OverlayStaging:
@@ -104,7 +107,7 @@ class SpokePlane(DataPlane):
         self.tracker = RefTracker(self.upstream, self.traffic, self.state, lease)
         self.staging = StagingCache(self.upstream, self.tracker, self.traffic)
         self.durability = durability
-        self._repos: dict[str, dict] = {}
+        self._answers = Remembered(ANSWER_TTL)
         self._lock = threading.Lock()
         self.tracker.start()
         self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self.staging.invalidate)
@@ -163,32 +166,20 @@ class SpokePlane(DataPlane):
 
     # -- repositories --------------------------------------------------------
     def create_repo(self, name: str, default_branch: str = "main") -> dict:
-        return self.upstream.create_repo(name, default_branch)
-
-    def get_repo(self, name: str) -> dict:
-        try:
-            info = self.upstream.get_repo(name)
-        except Unavailable:
-            with self._lock:
-                if name in self._repos:
-                    return self._repos[name]
-            raise
-        with self._lock:
-            self._repos[name] = info
+        info = self.upstream.create_repo(name, default_branch)
+        self._answers.forget(("repos",))
         return info
 
+    def get_repo(self, name: str) -> dict:
+        return self._answers.get(("repo", name), lambda: self.upstream.get_repo(name))
+
     def list_repos(self) -> list[dict]:
-        try:
-            repos = self.upstream.list_repos()
-        except Unavailable:
-            with self._lock:
-                return sorted(self._repos.values(), key=lambda r: r["name"])
-        with self._lock:
-            self._repos = {r["name"]: r for r in repos}
-        return repos
+        return self._answers.get(("repos",), self.upstream.list_repos)
 
     def delete_repo(self, name: str) -> None:
         self.upstream.delete_repo(name)
+        self._answers.forget(("repo", name))
+        self._answers.forget(("repos",))
 
     # -- refs (changes go to the hub) -----------------------------------------
     def resolve_commit(self, repo: str, ref: str) -> str:
@@ -430,13 +421,16 @@ class SpokePlane(DataPlane):
         return self.upstream.list_buckets()
 
     def get_bucket(self, name: str) -> dict:
-        return self.upstream.get_bucket(name)
+        return self._answers.get(("bucket", name), lambda: self.upstream.get_bucket(name))
 
     def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> dict:
-        return self.upstream.create_bucket(name, repo, ref, created_by_s3)
+        info = self.upstream.create_bucket(name, repo, ref, created_by_s3)
+        self._answers.forget(("bucket", name))
+        return info
 
     def delete_bucket(self, name: str) -> None:
         self.upstream.delete_bucket(name)
+        self._answers.forget(("bucket", name))
 
     # -- administration ------------------------------------------------------
     def stats(self) -> dict:

@@ -19,10 +19,11 @@ BASE = ".fabric"
 def _service_commands(base: str, host: str) -> list[tuple[str, str, list[str]]]:
     """``(name, url, argv)`` of each service `fabric up` starts."""
     hub_url = f"http://{host}:8600"
+    hub = ["hub", "--data", os.path.join(base, "hub"), "--listen", f"{host}:8600", "--s3-listen", f"{host}:8601"]
     spoke = ["spoke", "--hub", hub_url, "--cache", os.path.join(base, "spoke"), "--cache-size", "2G"]
     return [
-        ("hub", hub_url, ["hub", "--data", os.path.join(base, "hub"), "--listen", f"{host}:8600"]),
-        ("spoke", f"http://{host}:8700", [*spoke, "--listen", f"{host}:8700"]),
+        ("hub", hub_url, hub),
+        ("spoke", f"http://{host}:8700", [*spoke, "--listen", f"{host}:8700", "--s3-listen", f"{host}:8701"]),
     ]
 
 
@@ -69,7 +70,7 @@ def up(base: str, host: str) -> None:
             proc = subprocess.Popen([sys.executable, "-m", "fabric.cli.main", *argv], env=env)
             procs.append(proc)
             _wait_healthy(url, proc)
-            click.echo(f"{name:5} {url}")
+            click.echo(f"{name:5} {url}   S3 {url[:-1]}1")
             if name == "hub":
                 with open(os.path.join(base, "hub", "admin.token")) as f:
                     token = f.read().strip()
