@@ -16,6 +16,9 @@ PIP_FLAGS   ?= --disable-pip-version-check --no-input
 
 VPY   := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp
+# The AWS CLI, s3fs and awscrt pin a botocore that conflicts with the project's
+# boto3, so the S3 client tools used by the tests live in a venv of their own.
+S3TOOLS ?= .venv-s3tools
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -45,9 +48,14 @@ $(STAMP): pyproject.toml
 	'$(VPY)' -m pip install $(PIP_FLAGS) -q -e '.[test]'
 	@touch '$@'
 
+$(S3TOOLS)/.stamp:
+	'$(PY)' -m venv '$(S3TOOLS)'
+	'$(S3TOOLS)/bin/pip' install $(PIP_FLAGS) -q awscli s3fs awscrt
+	@touch '$@'
+
 # pytest exit 5 = "no tests collected": not a failure for us.
-test: deps venv
-	@rc=0; '$(VPY)' -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
+test: deps venv $(S3TOOLS)/.stamp
+	@rc=0; FABRIC_S3_TOOLS='$(CURDIR)/$(S3TOOLS)' '$(VPY)' -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (treated as success)"; rc=0; fi; \
 	exit $$rc
 

@@ -11,11 +11,11 @@
 # when nothing is missing). Otherwise: prints what is missing and exits 0.
 # Idempotent; takes well under a second when everything is present.
 # A failure to install fuse3, postgresql, procps or python3-venv is an error;
-# the benchmark peers (restic, rsync, rclone) and libfuse3-dev only warn.
+# the benchmark peers (restic, rsync) and libfuse3-dev only warn; rclone is a test peer (S3).
 set -euo pipefail
 
 PY="${PY:-python3}"
-OPTIONAL=" restic rsync rclone libfuse3-dev "
+OPTIONAL=" restic rsync libfuse3-dev "
 
 log() { printf 'install-system-deps: %s\n' "$*" >&2; }
 
