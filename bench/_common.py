@@ -15,7 +15,30 @@ import time
 from dataclasses import dataclass
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Where the fabric package is imported from: the working tree by default, or a
+#: pinned snapshot of a revision (run_all.sh --rev) so that edits made to the
+#: working tree while a benchmark runs do not change what is measured.
+FABRIC_SRC = os.environ.get("FABRIC_SRC") or REPO_ROOT
 MB = 1_000_000  # throughput is quoted in MB/s (10^6 bytes), sizes in MiB where said
+
+
+class Killed(Exception):
+    """A command ended by a signal (e.g. another user's ``pkill`` on a shared machine): retry the round."""
+
+
+MAX_RETRIES = 2
+
+
+def with_retries(fn, *args):
+    """Call ``fn(*args)``; if one of its commands was killed by a signal, run it again (at most MAX_RETRIES)."""
+    for attempt in range(MAX_RETRIES + 1):
+        try:
+            return fn(*args)
+        except Killed as exc:
+            if attempt == MAX_RETRIES:
+                raise SystemExit(str(exc)) from None
+            print(f"retrying the round: {exc}", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
 
 
 @dataclass
@@ -42,7 +65,8 @@ def fabric_cmd(python: str) -> list[str]:
 
 def fabric_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = FABRIC_SRC + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONSAFEPATH"] = "1"  # python -m/-c must not import fabric from the current directory instead
     env.setdefault("FABRIC_AUTHOR", "bench")
     return env
 
@@ -66,6 +90,8 @@ def run_timed(cmd: list[str], cwd: str | None = None, env: dict[str, str] | None
         err.seek(0)
         t = Timed(cmd, wall, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, p.returncode,
                   out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+    if check and t.rc < 0:
+        raise Killed(f"killed by signal {-t.rc}: {shlex.join(cmd)}")
     if check and t.rc != 0:
         raise SystemExit(f"command failed (exit {t.rc}): {shlex.join(cmd)}\n{t.stderr[-4000:]}{t.stdout[-2000:]}")
     return t
@@ -73,7 +99,7 @@ def run_timed(cmd: list[str], cwd: str | None = None, env: dict[str, str] | None
 
 def run(cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> str:
     """An untimed setup command; its stdout."""
-    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    p = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"command failed (exit {p.returncode}): {shlex.join(cmd)}\n{p.stderr[-4000:]}")
     return p.stdout
@@ -122,21 +148,24 @@ def machine() -> dict:
             info["mem_gib"] = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
     except OSError:
         pass
-    try:
-        info["fabric_commit"] = subprocess.run(
-            ["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", REPO_ROOT, "status", "--porcelain", "--untracked-files=no", "--", "fabric"],
-            capture_output=True, text=True,
-        ).stdout.strip()
-        if dirty:
-            info["fabric_commit"] += " (+ uncommitted changes under fabric/)"
-    except OSError:
-        pass
+    info["fabric_commit"] = fabric_revision()
     if shutil.which("restic"):
         info["restic"] = run(["restic", "version"]).strip()
     return info
+
+
+def fabric_revision() -> str:
+    """The revision measured: the pinned snapshot's, or the working tree's HEAD (+ dirty flag)."""
+    if os.environ.get("FABRIC_REV"):
+        return f"{os.environ['FABRIC_REV']} (snapshot in {FABRIC_SRC})"
+    try:
+        rev = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"],
+                             check=False, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--untracked-files=no", "--", "fabric"],
+                               check=False, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "?"
+    return rev + (" + uncommitted changes under fabric/" if dirty else "")
 
 
 def save_json(path: str, data: dict) -> None:

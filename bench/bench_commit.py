@@ -37,7 +37,17 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import fabric_cmd, fabric_env, machine, median, remove, run, run_timed, save_json  # noqa: E402
+from _common import (
+    fabric_cmd,
+    fabric_env,
+    machine,
+    median,
+    remove,
+    run,
+    run_timed,
+    save_json,
+    with_retries,
+)
 
 REPO = "bench"
 CHANGED = 10
@@ -150,8 +160,8 @@ ROWS = [
 def report(rounds: list[dict], nfiles: int, nbytes: int, warmup: int) -> tuple[str, dict]:
     first = [r["first"] for r in rounds]
     lines = [
-        f"Commit: tree of {nfiles} files ({nbytes / 2**20:.0f} MiB), {CHANGED} files changed; "
-        f"median (min..max) of {len(rounds)} counted round(s) after {warmup} warm-up round(s), fresh store each round",
+        (f"Commit: tree of {nfiles} files ({nbytes / 2**20:.0f} MiB), {CHANGED} files changed; "
+        f"median (min..max) of {len(rounds)} counted round(s) after {warmup} warm-up round(s), fresh store each round"),
         "",
         "| figure | wall s | / first | goal |",
         "| --- | --- | --- | --- |",
@@ -192,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.warmup + a.runs):
-            r = one_round(a.python, tree, store, rels, tmp)
+            r = with_retries(one_round, a.python, tree, store, rels, tmp)
             counted = i >= a.warmup
             print(
                 f"round {i + 1}/{a.warmup + a.runs}{'' if counted else ' (warm-up)'}: first {r['first']:.2f}s, "
