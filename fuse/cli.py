@@ -1,0 +1,214 @@
+"""``fabric mount`` and ``fabric umount``."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import click
+
+from fabric.cli.context import handle_errors
+from fabric.errors import BadRequest
+from fabric.refs import split_repo_ref
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``512M``, ``10GiB``, ``4096`` -> bytes (binary units)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a size (e.g. 512M, 10G, 4096)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+class Size(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except click.BadParameter as exc:
+            self.fail(str(exc), param, ctx)
+
+
+MOUNT_HELP = """Mount REPO@REF from the hub or spoke at SERVER_URL on MOUNTPOINT.
+
+\b
+  fabric mount http://spoke:8700 datasets@v1 /mnt/imagenet          # a tag: immutable
+  fabric mount http://spoke:8700 ckpt@run-42 /mnt/ckpt --rw          # a writable branch
+  fabric umount /mnt/ckpt
+
+A commit or tag is immutable: the kernel keeps its page and attribute
+caches, so a second epoch is served from memory. A branch follows its head
+with close-to-open coherence (each open/ls sees every change completed
+before it); it is read-only unless --rw.
+
+With --rw, writes land in local files (--write-dir) and are staged on the
+branch when a file is closed or fsynced, and when it is renamed; other
+changes (mkdir, rm, mv, chmod, chown, touch, ln -s) are staged at once.
+Staged changes become a commit with `fabric commit REPO@BRANCH -m MSG`, or
+by --commit-interval / --commit-on-unmount. fsync returns once the data is
+durable at --durability.
+
+The mount outlives its server: while the server restarts, requests wait
+and resume; after --server-timeout seconds without it they fail with EIO,
+and work again once it is back.
+
+\b
+Errors for what the mount does not do:
+  EROFS         writing to a commit, a tag, or a branch mounted without --rw
+  EPERM         hard links (ln without -s); mknod of devices, FIFOs, sockets
+  EOPNOTSUPP    extended attributes; fallocate modes other than allocation
+  EINVAL        rename with RENAME_EXCHANGE / RENAME_WHITEOUT
+  EILSEQ        file names that are not valid UTF-8
+  ENAMETOOLONG  names over 255 bytes, paths over 4096 bytes
+  EIO           server away for longer than --server-timeout
+
+Starts the mount in the background and returns once it is ready
+(--foreground stays attached). The log, with per-operation latency
+statistics, is at --log-file.
+"""
+
+
+@click.command("mount", help=MOUNT_HELP)
+@click.argument("server_url", metavar="SERVER_URL")
+@click.argument("target", metavar="REPO@REF")
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.option("--rw", is_flag=True, help="Writable mount (REF must be a branch): changes are staged on the branch.")
+@click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="API token. Env: FABRIC_TOKEN.")
+@click.option("--foreground", "-f", is_flag=True, help="Serve in this process until unmounted (logs to stderr unless --log-file).")
+@click.option("--allow-other", is_flag=True, help="Let other users use the mount (permission bits still apply; non-root users need user_allow_other in /etc/fuse.conf).")
+@click.option("--durability", type=click.Choice(["local", "hub"]), default="local", show_default=True, help="When fsync and close return: local = stored on the server mounted (the spoke's disk); hub = stored at the hub.")
+@click.option("--commit-interval", type=float, default=0, metavar="SECONDS", show_default=True, help="With --rw, commit staged changes every SECONDS (0: never; use `fabric commit`).")
+@click.option("--commit-on-unmount", is_flag=True, help="With --rw, commit staged changes when unmounted.")
+@click.option("--commit-message", default="fabric mount", show_default=True, help="Message of the mount's own commits.")
+@click.option("--server-timeout", type=float, default=120.0, metavar="SECONDS", show_default=True, help="How long requests wait for an unreachable server before failing with EIO.")
+@click.option("--attr-timeout", type=float, default=1.0, metavar="SECONDS", show_default=True, help="Branch mounts: how long the kernel may cache names and attributes (opens and listings always check).")
+@click.option("--readahead", type=Size(), default="32M", show_default=True, help="Sequential readahead window per open file (also the kernel's, when run as root).")
+@click.option("--memory-cache", type=Size(), default="512M", show_default=True, help="Chunks kept in memory.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Also keep chunks on disk here (survives remounts).")
+@click.option("--cache-size", type=Size(), default="10G", show_default=True, help="Size bound of --cache-dir.")
+@click.option("--write-dir", type=click.Path(file_okay=False), help="Where files being written are kept until staged (default: a new temporary directory).")
+@click.option("--uid", type=int, default=None, help="Owner shown for entries that record none (default: the mounting user).")
+@click.option("--gid", type=int, default=None, help="Group shown for entries that record none (default: the mounting user's group).")
+@click.option("-o", "options", multiple=True, metavar="OPT[=VAL]", help="Extra FUSE mount option (repeatable), e.g. -o max_read=1048576.")
+@click.option("--log-file", type=click.Path(dir_okay=False), help="Log here (default in the background: ~/.cache/fabric/mounts/<id>.log).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
+@click.option("--stats-interval", type=float, default=60.0, show_default=True, metavar="SECONDS", help="Log per-operation latency statistics this often (0: only at unmount).")
+@click.option("--ready-fd", type=int, hidden=True)
+@handle_errors
+def mount(
+    server_url: str,
+    target: str,
+    mountpoint: str,
+    rw: bool,
+    token: str | None,
+    foreground: bool,
+    allow_other: bool,
+    durability: str,
+    commit_interval: float,
+    commit_on_unmount: bool,
+    commit_message: str,
+    server_timeout: float,
+    attr_timeout: float,
+    readahead: int,
+    memory_cache: int,
+    cache_dir: str | None,
+    cache_size: int,
+    write_dir: str | None,
+    uid: int | None,
+    gid: int | None,
+    options: tuple[str, ...],
+    log_file: str | None,
+    log_level: str,
+    stats_interval: float,
+    ready_fd: int | None,
+) -> None:
+    from .fs import MountConfig
+    from .mount import check_mountpoint, default_log_path, open_plane, resolve_target, run_foreground, setup_logging, spawn
+
+    repo, ref = split_repo_ref(target)
+    if ref is None:
+        raise BadRequest(f"give a ref: {target!r} should be REPO@REF, e.g. {target}@main")
+    if (commit_interval or commit_on_unmount) and not rw:
+        raise click.UsageError("--commit-interval and --commit-on-unmount need --rw")
+    fuse_options: dict = {}
+    for o in options:
+        key, eq, value = o.partition("=")
+        fuse_options[key] = value if eq else True
+    if not foreground:
+        # Fail fast, in this terminal, on what can be checked here.
+        check_mountpoint(mountpoint)
+        resolve_target(open_plane(server_url, token, durability), repo, ref, rw)
+        log_path = log_file or default_log_path(mountpoint)
+        argv = [sys.executable, "-m", "fabric.cli.main", "mount", server_url, target, os.path.abspath(mountpoint)]
+        argv += [*_child_options(click.get_current_context()), "--foreground", "--log-file", log_path]
+        if token:
+            os.environ["FABRIC_TOKEN"] = token  # the child reads it from its environment, never its argv
+        pid = spawn(argv, mountpoint, log_path)
+        click.echo(f"mounted {repo}@{ref} at {os.path.realpath(mountpoint)} (pid {pid}, log {log_path})", err=True)
+        return
+    setup_logging(log_file, log_level)
+    cfg = MountConfig(
+        repo=repo,
+        ref=ref,
+        writable=rw,
+        uid=os.getuid() if uid is None else uid,
+        gid=os.getgid() if gid is None else gid,
+        attr_timeout=attr_timeout,
+        server_timeout=server_timeout,
+        readahead=readahead,
+        memory_cache=memory_cache,
+        cache_dir=cache_dir,
+        cache_size=cache_size,
+        write_dir=write_dir,
+        commit_interval=commit_interval,
+        commit_on_unmount=commit_on_unmount,
+        commit_message=commit_message,
+        durability=durability,
+    )
+    run_foreground(server_url, token, cfg, mountpoint, allow_other, fuse_options, ready_fd, stats_interval)
+
+
+_NOT_PASSED = {"server_url", "target", "mountpoint", "token", "foreground", "log_file", "ready_fd"}
+
+
+def _child_options(ctx: click.Context) -> list[str]:
+    """This invocation's options, for the background mount process."""
+    out: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in _NOT_PASSED or param.name not in ctx.params:
+            continue
+        value = ctx.params[param.name]
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            if value:
+                out.append(flag)
+        elif param.multiple:
+            for v in value:
+                out += [flag, str(v)]
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+@click.command("umount")
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.option("--lazy", "-z", is_flag=True, help="Detach now even if files are open; the mount goes away when they are closed.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="How long to wait for the mount process to finish (flushing, committing).")
+@handle_errors
+def umount(mountpoint: str, lazy: bool, timeout: float) -> None:
+    """Unmount a fabric mount and wait until its process has finished (staged writes, unmount commit)."""
+    from .mount import unmount
+
+    unmount(mountpoint, lazy, timeout)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(mount)
+    cli.add_command(umount)

@@ -1,0 +1,241 @@
+"""Chunk-level reads: whole chunks fetched in batches, ahead of the kernel.
+
+A mount never pays a network round trip per kernel read. A file's entry
+(from :meth:`~fabric.plane.DataPlane.stat_chunks` or a whole-entry listing)
+lists its chunks; :class:`Fetcher` gets chunks from the memory cache, the
+disk cache, or the server with one :meth:`~fabric.plane.DataPlane.frames`
+request for many ids, verifies each frame against its id
+(:func:`fabric.frames.decode`) and shares in-flight fetches between readers.
+:class:`FileReader` serves ``read(offset, size)`` from whole chunks and keeps
+a readahead window of chunk requests running ahead of a sequential reader.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from fabric import frames
+from fabric.errors import Corruption
+
+from .cache import DiskCache, MemoryCache
+from .retry import Health
+
+log = logging.getLogger("fabric.fuse")
+
+#: One frames request carries at most this many raw bytes (a few pack reads at the server).
+BATCH_BYTES = 4 * 1024 * 1024
+BATCH_IDS = 512
+#: Files up to this size are fetched whole on their first read.
+WHOLE_FILE = 2 * 1024 * 1024
+#: The readahead window starts here and doubles with each sequential read.
+FIRST_WINDOW = 1024 * 1024
+
+
+class Fetcher:
+    """Where chunk bytes come from: memory, disk, then the server (batched, deduplicated)."""
+
+    def __init__(
+        self,
+        plane,  # noqa: ANN001 - a fabric.plane.DataPlane
+        health: Health,
+        memory: MemoryCache,
+        disk: DiskCache | None = None,
+        workers: int = 4,
+    ) -> None:
+        self.plane = plane
+        self.health = health
+        self.memory = memory
+        self.disk = disk
+        self._inflight: dict[bytes, Future] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fabric-fetch")
+        self.fetched_chunks = 0
+        self.fetched_bytes = 0
+        self.requests = 0
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _cached(self, cid: bytes) -> bytes | None:
+        data = self.memory.get(cid)
+        if data is None and self.disk is not None:
+            data = self.disk.get(cid)
+            if data is not None:
+                self.memory.put(cid, data)
+        return data
+
+    def get(self, ids: Sequence[bytes]) -> dict[bytes, bytes]:
+        """The bytes of every chunk in ``ids``; fetches what no cache holds, in this thread."""
+        out: dict[bytes, bytes] = {}
+        mine: list[bytes] = []
+        waits: list[tuple[bytes, Future]] = []
+        for cid in dict.fromkeys(ids):
+            data = self._cached(cid)
+            if data is not None:
+                out[cid] = data
+                continue
+            with self._lock:
+                fut = self._inflight.get(cid)
+                if fut is None:
+                    self._inflight[cid] = Future()
+                    mine.append(cid)
+                else:
+                    waits.append((cid, fut))
+        if mine:
+            out.update(self._fetch(mine))
+        for cid, fut in waits:
+            out[cid] = fut.result()
+        return out
+
+    def prefetch(self, chunks: Iterable[tuple[bytes, int]]) -> int:
+        """Start fetching chunks in the background (batched); returns the bytes requested."""
+        batch: list[bytes] = []
+        size = 0
+        total = 0
+        for cid, n in chunks:
+            if cid in self.memory or (self.disk is not None and cid in self.disk):
+                continue
+            with self._lock:
+                if cid in self._inflight:
+                    continue
+                self._inflight[cid] = Future()
+            batch.append(cid)
+            size += n
+            if size >= BATCH_BYTES or len(batch) >= BATCH_IDS:
+                self._submit(batch)
+                total += size
+                batch, size = [], 0
+        if batch:
+            self._submit(batch)
+            total += size
+        return total
+
+    def _submit(self, batch: list[bytes]) -> None:
+        try:
+            self._pool.submit(self._fetch_quiet, batch)
+        except RuntimeError:  # shut down
+            self._fail(batch, RuntimeError("fetcher closed"))
+
+    def _fetch_quiet(self, ids: list[bytes]) -> None:
+        try:
+            self._fetch(ids)
+        except Exception as exc:  # noqa: BLE001 - the waiting readers get the error
+            log.debug("readahead of %d chunks failed: %s", len(ids), exc)
+
+    def _fetch(self, ids: list[bytes]) -> dict[bytes, bytes]:
+        """Fetch chunks whose futures this thread owns; resolve them (or fail them)."""
+        got: dict[bytes, bytes] = {}
+        corrupt_retries = 1
+
+        def attempt() -> None:
+            remaining = [cid for cid in ids if cid not in got]
+            if not remaining:
+                return
+            self.requests += 1
+            for cid, frame in self.plane.frames(remaining):
+                if cid in got or cid not in self._inflight:
+                    continue
+                data = frames.decode(frame, cid)
+                got[cid] = data
+                self.memory.put(cid, data)
+                if self.disk is not None:
+                    self.disk.put(cid, data)
+                self.fetched_chunks += 1
+                self.fetched_bytes += len(data)
+                with self._lock:
+                    fut = self._inflight.pop(cid, None)
+                if fut is not None:
+                    fut.set_result(data)
+            lacking = [cid for cid in ids if cid not in got]
+            if lacking:
+                raise Corruption(f"the server did not send chunk {lacking[0].hex()} ({len(lacking)} missing)")
+
+        while True:
+            try:
+                self.health.call(attempt)
+                return got
+            except Corruption as exc:
+                if corrupt_retries > 0:
+                    corrupt_retries -= 1
+                    log.warning("refetching after a bad chunk: %s", exc.message)
+                    continue
+                self._fail([c for c in ids if c not in got], exc)
+                raise
+            except BaseException as exc:
+                self._fail([c for c in ids if c not in got], exc)
+                raise
+
+    def _fail(self, ids: Sequence[bytes], exc: BaseException) -> None:
+        with self._lock:
+            futs = [self._inflight.pop(cid, None) for cid in ids]
+        for fut in futs:
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+
+
+class FileReader:
+    """Reads of one immutable file version: whole chunks, sequential readahead."""
+
+    def __init__(self, fetcher: Fetcher, chunks: Sequence[tuple[bytes, int]], readahead: int) -> None:
+        self.fetcher = fetcher
+        self.ids = [cid for cid, _ in chunks]
+        self.lengths = [n for _, n in chunks]
+        self.offsets = [0]
+        for n in self.lengths:
+            self.offsets.append(self.offsets[-1] + n)
+        self.size = self.offsets[-1]
+        self.readahead = max(readahead, 0)
+        self.window = FIRST_WINDOW
+        self.max_end = 0
+        self.ahead = 0  # chunks [0, ahead) have been requested already
+        self._lock = threading.Lock()
+
+    def read(self, offset: int, size: int) -> bytes:
+        if offset >= self.size or size <= 0:
+            return b""
+        end = min(offset + size, self.size)
+        first = bisect.bisect_right(self.offsets, offset) - 1
+        last = bisect.bisect_left(self.offsets, end)  # exclusive
+        if self.size <= WHOLE_FILE:
+            demand = range(0, len(self.ids))  # small: all of it in one request, then from memory
+        else:
+            demand = range(first, last)
+            self._read_ahead(offset, end, last)
+        got = self.fetcher.get([self.ids[i] for i in demand])
+        if first + 1 == last:
+            data = got[self.ids[first]]
+            lo = offset - self.offsets[first]
+            return data[lo : lo + end - offset] if (lo, end - offset) != (0, len(data)) else data
+        parts = []
+        for i in range(first, last):
+            data = got[self.ids[i]]
+            lo = max(offset, self.offsets[i]) - self.offsets[i]
+            hi = min(end, self.offsets[i + 1]) - self.offsets[i]
+            parts.append(data[lo:hi] if (lo, hi) != (0, len(data)) else data)
+        return b"".join(parts)
+
+    def _read_ahead(self, offset: int, end: int, last: int) -> None:
+        if not self.readahead:
+            self.ahead = max(self.ahead, last)
+            return
+        with self._lock:
+            sequential = offset == 0 or (self.max_end - 2 * self.window <= offset <= self.max_end + self.window)
+            self.max_end = max(self.max_end, end)
+            if not sequential:
+                self.window = FIRST_WINDOW
+                return
+            self.window = min(self.window * 2, self.readahead)
+            horizon = self.max_end + self.window
+            # Issue more only when less than half the window is still ahead of the reader.
+            start = max(self.ahead, last)
+            if start < len(self.ids) and self.offsets[start] - self.max_end > self.window // 2:
+                return
+            stop = min(bisect.bisect_left(self.offsets, horizon), len(self.ids))
+            if stop <= start:
+                return
+            self.ahead = stop
+        self.fetcher.prefetch(zip(self.ids[start:stop], self.lengths[start:stop]))
