@@ -31,32 +31,50 @@ class ChunkSink(Protocol):
         """Flush; after it returns every chunk taken is stored at the destination."""
 
 
-def ingest_stream(stream: BinaryIO, sink: ChunkSink) -> tuple[list[tuple[bytes, int]], str]:
-    """Chunk a stream into ``sink`` with bounded memory; return its chunk list and MD5."""
-    md5 = hashlib.md5()
-    chunks: list[tuple[bytes, int]] = []
-    window: list[tuple[bytes, memoryview]] = []
-    pending = 0
+class Ingester:
+    """Chunks streams into a sink, asking the sink about many chunks at once.
 
-    def flush() -> None:
-        new = sink.filter_new([cid for cid, _ in window])
-        for cid, data in window:
+    Chunks of every stream fed are held until ``READ_WINDOW`` bytes are pending,
+    then one :meth:`ChunkSink.filter_new` call covers them all, so a batch of
+    small files costs one question, not one per file. Call :meth:`flush` before
+    the chunk lists are used (committed).
+    """
+
+    def __init__(self, sink: ChunkSink) -> None:
+        self.sink = sink
+        self._window: list[tuple[bytes, memoryview]] = []
+        self._pending = 0
+
+    def feed(self, stream: BinaryIO) -> tuple[list[tuple[bytes, int]], str]:
+        """Chunk one stream; return its chunk list and MD5."""
+        md5 = hashlib.md5()
+        chunks: list[tuple[bytes, int]] = []
+        for piece in chunking.cut_stream(stream):
+            md5.update(piece)
+            cid = chunking.chunk_id(piece)
+            chunks.append((cid, len(piece)))
+            self._window.append((cid, piece))
+            self._pending += len(piece)
+            if self._pending >= chunking.READ_WINDOW:
+                self.flush()
+        return chunks, md5.hexdigest()
+
+    def flush(self) -> None:
+        new = self.sink.filter_new([cid for cid, _ in self._window])
+        for cid, data in self._window:
             if cid in new:
                 new.discard(cid)
-                sink.add(cid, data)
-        window.clear()
+                self.sink.add(cid, data)
+        self._window.clear()
+        self._pending = 0
 
-    for piece in chunking.cut_stream(stream):
-        md5.update(piece)
-        cid = chunking.chunk_id(piece)
-        chunks.append((cid, len(piece)))
-        window.append((cid, piece))
-        pending += len(piece)
-        if pending >= chunking.READ_WINDOW:
-            flush()
-            pending = 0
-    flush()
-    return chunks, md5.hexdigest()
+
+def ingest_stream(stream: BinaryIO, sink: ChunkSink) -> tuple[list[tuple[bytes, int]], str]:
+    """Chunk a stream into ``sink`` with bounded memory; return its chunk list and MD5."""
+    ingester = Ingester(sink)
+    result = ingester.feed(stream)
+    ingester.flush()
+    return result
 
 
 def file_entry(

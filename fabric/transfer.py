@@ -10,13 +10,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .errors import BadRequest, NotFound
-from .ingest import file_entry, ingest_stream
+from .ingest import Ingester, file_entry
 from .model import DIR, FILE, SYMLINK, Commit, Entry
 from .paths import check_path
 from .plane import DataPlane
 from .progress import Progress
 
 WORKERS = min(8, (os.cpu_count() or 2) + 1)
+#: Files are read in batches of up to this many bytes or files per task, so small
+#: files share one question to the store about which chunks it lacks.
+BATCH_BYTES = 8 * 1024 * 1024
+BATCH_FILES = 512
 
 
 @dataclass
@@ -90,6 +94,19 @@ def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Itera
                 skipped.append(rel)
 
 
+def _batches(items: list[LocalItem]) -> Iterator[list[LocalItem]]:
+    batch: list[LocalItem] = []
+    size = 0
+    for item in items:
+        if batch and (size + item.size > BATCH_BYTES or len(batch) >= BATCH_FILES):
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += item.size
+    if batch:
+        yield batch
+
+
 def same_file(a: Entry, b: Entry) -> bool:
     """Same content and attributes (chunk lists may differ in form, not in bytes)."""
     return (a.kind, a.size, a.mode, a.mtime_ns, a.md5) == (b.kind, b.size, b.mode, b.mtime_ns, b.md5)
@@ -155,17 +172,23 @@ def import_directory(
     progress.start(sum(i.size for i in to_hash), "B", "import")
     session = plane.chunk_sink()
 
-    def ingest(item: LocalItem) -> tuple[str, Entry]:
-        with open(item.abspath, "rb", buffering=0) as f:
-            chunks, md5 = ingest_stream(_Counting(f, progress), session)
-        return item.path, file_entry(chunks, md5, item.mode, item.mtime_ns)
+    def ingest(batch: list[LocalItem]) -> list[tuple[str, Entry]]:
+        ingester = Ingester(session)
+        out = []
+        for item in batch:
+            with open(item.abspath, "rb", buffering=0) as f:
+                chunks, md5 = ingester.feed(_Counting(f, progress))
+            out.append((item.path, file_entry(chunks, md5, item.mode, item.mtime_ns)))
+        ingester.flush()
+        return out
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        for path, entry in pool.map(ingest, sorted(to_hash, key=lambda i: i.path)):
-            old = existing.get(path)
-            if rehash and old is not None and same_file(old, entry):
-                continue
-            changes[path] = entry
+        for done in pool.map(ingest, _batches(sorted(to_hash, key=lambda i: i.path))):
+            for path, entry in done:
+                old = existing.get(path)
+                if rehash and old is not None and same_file(old, entry):
+                    continue
+                changes[path] = entry
     session.close()
     progress.close()
     result.bytes_hashed = sum(i.size for i in to_hash)
