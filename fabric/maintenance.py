@@ -165,6 +165,7 @@ def gc(engine: Engine, grace: float | None = None, dry_run: bool = False, progre
 
     dead = [cid for cid, _pack, _len, touched in engine.catalog.iter_chunk_ids() if cid not in found.chunks and touched < cutoff]
     report.chunks_deleted = len(dead)
+    dead_set = set(dead)
     if not dry_run and dead:
         engine.catalog.delete_chunks(dead, older_than=cutoff)
 
@@ -177,6 +178,8 @@ def gc(engine: Engine, grace: float | None = None, dry_run: bool = False, progre
         if created >= cutoff:
             continue
         live = engine.catalog.chunks_of_pack(pack_id)
+        if dry_run:  # the dead chunks are still indexed: count them out as a real run would
+            live = [c for c in live if c[0] not in dead_set]
         live_bytes = sum(length for _, _, length, _, _ in live)
         if not live:
             report.packs_deleted += 1

@@ -169,7 +169,7 @@ def _run_writers(data: str, db: str | None, tmp_path, count: int, via: str, writ
     open(start_file, "w").close()
     attempts: list[dict] = []
     for w, p in enumerate(procs):
-        out, err = p.communicate(timeout=300)
+        _, err = p.communicate(timeout=300)
         assert p.returncode == 0, f"writer {w} failed: {err.decode()[-2000:]}"
         with open(tmp_path / f"p{w}-{via}.json") as f:
             attempts.extend(json.load(f))
@@ -184,6 +184,7 @@ def test_two_processes_no_lost_update(tmp_path, db_url: str) -> None:
         base = engine.head("demo", "main")
         attempts = _run_writers(data, db_url, tmp_path, count=40, via="engine")
         assert len({a["path"] for a in attempts}) == 80
+        assert any(a["outcome"] == "conflict" for a in attempts), "the writers never collided"
         check_history(engine, "demo", "main", base, attempts)
     finally:
         engine.close()
@@ -195,7 +196,7 @@ def test_two_cli_processes_no_lost_update(tmp_path, db_url: str) -> None:
     try:
         engine.create_repo("demo")
         base = engine.head("demo", "main")
-        attempts = _run_writers(data, db_url, tmp_path, count=6, via="cli")
+        attempts = _run_writers(data, db_url, tmp_path, count=4, via="cli")
         check_history(engine, "demo", "main", base, attempts)
     finally:
         engine.close()

@@ -6,6 +6,7 @@ Everything runs against the real engine (and, for the 2 GiB file, the real
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -19,7 +20,14 @@ import pytest
 from fabric.engine import Engine
 from fabric.errors import BadRequest
 from fabric.transfer import export_tree, import_directory
-from tests.helpers.fstree import assert_same_tree, file_digest, random_files, snapshot, write_file, write_stream
+from tests.helpers.fstree import (
+    assert_same_tree,
+    file_digest,
+    random_files,
+    snapshot,
+    write_file,
+    write_stream,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
@@ -167,7 +175,7 @@ def test_import_with_prefix(engine: Engine, tmp_path) -> None:
         snapshot(out + "-all"),
     )
     # Re-importing the prefix with a file removed deletes only under that prefix.
-    victim = sorted(p for p, v in snap_b.items() if v[0] == "file")[0]
+    victim = min(p for p, v in snap_b.items() if v[0] == "file")
     os.unlink(f"{b}/{victim}")
     r = import_directory(engine, b, "demo", "main", "val v2", prefix="data/val")
     assert (r.added, r.changed, r.removed) == (0, 0, 1)
@@ -256,24 +264,39 @@ def _env() -> dict:
 def run_measured(args: list[str], tmp: str) -> tuple[int, str, str, int, float]:
     """Run the fabric CLI; return (exit code, stdout, stderr, peak RSS in bytes, seconds).
 
-    The peak RSS is the kernel's figure for exactly this child (``wait4``).
+    The peak RSS is the CLI process's own high-water mark (``VmHWM``, see
+    tests/helpers/peak_rss.py), which excludes the memory of this pytest process.
     """
     out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+    rss_path = os.path.join(tmp, "rss.json")
     start = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "fabric.cli.main", *args], stdout=out, stderr=err, env=_env())
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+        rc = subprocess.run(
+            [sys.executable, "-m", "tests.helpers.peak_rss", rss_path, *args],
+            stdout=out, stderr=err, env=_env(), cwd=ROOT, timeout=1800, check=False,
+        ).returncode
     took = time.monotonic() - start
     with open(out_path, errors="replace") as f:
         stdout = f.read()
     with open(err_path, errors="replace") as f:
         stderr = f.read()
-    return proc.returncode, stdout, stderr, usage.ru_maxrss * 1024, took
+    with open(rss_path) as f:
+        measured = json.load(f)
+    assert measured["exit_code"] == rc
+    return rc, stdout, stderr, measured["vm_hwm_bytes"], took
+
+
+@pytest.fixture
+def big_space(tmp_path):
+    """tmp_path, emptied afterwards even on failure (pytest keeps old temp dirs; these hold GiBs)."""
+    yield tmp_path
+    for name in ("src", "out", "hub"):
+        shutil.rmtree(tmp_path / name, ignore_errors=True)
 
 
 @pytest.mark.slow
-def test_file_over_2gib_round_trip_with_bounded_memory(tmp_path, record_property) -> None:
+def test_file_over_2gib_round_trip_with_bounded_memory(big_space, record_property) -> None:
+    tmp_path = big_space
     data = str(tmp_path / "hub")
     src, out, tiny = tmp_path / "src", tmp_path / "out", tmp_path / "tiny"
     src.mkdir()
@@ -296,7 +319,7 @@ def test_file_over_2gib_round_trip_with_bounded_memory(tmp_path, record_property
         ["--data", data, "-q", "--json", "import", str(src), "big@main", "-m", "2 GiB"], str(tmp_path)
     )
     assert rc == 0, err
-    result = __import__("json").loads(stdout)
+    result = json.loads(stdout)
     assert result["added"] == 2 and result["removed"] == 1
     assert result["bytes_hashed"] == size + len(b"beside the big one\n")
     growth = peak_rss - base_rss
@@ -319,7 +342,7 @@ def test_file_over_2gib_round_trip_with_bounded_memory(tmp_path, record_property
         stats = e.stats()
     finally:
         e.close()
-    mib_s = lambda secs: size / MiB / secs  # noqa: E731
+    mib_s = lambda secs: size / MiB / secs
     figures = {
         "write_s": round(write_seconds, 1),
         "import_s": round(import_s, 1),
@@ -340,9 +363,6 @@ def test_file_over_2gib_round_trip_with_bounded_memory(tmp_path, record_property
     assert export_rss - base_rss < 400 * MiB, f"export of a 2 GiB file peaked at {export_rss / MiB:.0f} MiB"
     # Random data is stored raw: stored size is close to the logical size, not above it by much.
     assert size <= stats["stored_bytes"] < size * 1.01
-    for p in (src / "huge.bin", out / "huge.bin"):
-        p.unlink()
-    shutil.rmtree(data)
 
 
 @pytest.mark.slow

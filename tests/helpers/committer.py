@@ -93,7 +93,7 @@ class CliWriter:
         self.target = f"{args.repo}@{args.branch}"
 
     def _run(self, *argv: str, data: bytes | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.base, *argv], input=data, capture_output=True, timeout=120)
+        return subprocess.run([*self.base, *argv], input=data, capture_output=True, timeout=120, check=False)
 
     def put(self, path: str, data: bytes) -> None:
         p = self._run("put", self.target, path, "-", data=data)
