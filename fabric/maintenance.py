@@ -7,7 +7,6 @@ ancestors, their trees, ranges and chunk lists, plus every staged entry.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -141,6 +140,7 @@ class GcReport:
     packs_deleted: int = 0
     packs_rewritten: int = 0
     objects_deleted: int = 0
+    temporaries_deleted: int = 0
     bytes_freed: int = 0
     dry_run: bool = False
 
@@ -202,13 +202,15 @@ def gc(engine: Engine, grace: float | None = None, dry_run: bool = False, progre
             if not dry_run:
                 engine.store.delete(info.key)
 
-    for info in _meta_objects(engine):
+    for info in engine.store.list(PREFIX):
         oid = info.key.rsplit("/", 1)[-1]
         if oid not in found.objects and info.mtime < cutoff:
             report.objects_deleted += 1
             report.bytes_freed += info.size
             if not dry_run:
                 engine.store.delete(info.key)
+    if not dry_run:
+        report.temporaries_deleted = engine.store.remove_stale_temporaries(cutoff)
     return report
 
 
@@ -217,10 +219,6 @@ def _pack_age_ok(pack_id: str, cutoff: float) -> bool:
         return packs.pack_created(pack_id) < cutoff
     except ValueError:
         return False
-
-
-def _meta_objects(engine: Engine) -> Iterator:
-    yield from engine.store.list(PREFIX)
 
 
 def _repack(engine: Engine, pack_id: str, live: list[tuple[bytes, int, int, int, float]]) -> None:

@@ -344,7 +344,6 @@ def _temp_files(root: str) -> list[str]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="known: a put killed mid-write leaves its .tmp- file, and gc never removes it")
 def test_gc_removes_temp_files_left_by_a_killed_writer(cli, tmp_path) -> None:
     data = cli.data
     cli("repo", "create", "demo")

@@ -194,6 +194,12 @@ class ObjectStore(abc.ABC):
     def url(self) -> str:
         """A URL naming this store for :func:`fabric.objstore.open_store`; never holds secrets."""
 
+    def remove_stale_temporaries(self, older_than: float) -> int:
+        """Delete temporaries of writes that never finished (a writer killed mid-put),
+        last modified before unix time ``older_than``; returns how many. Backends whose
+        puts are atomic without temporaries have none: the default removes nothing."""
+        return 0
+
     def describe(self) -> str:
         """A short human description for logs and errors; never holds secrets."""
         return f"{type(self).__name__}({self.url})"

@@ -155,6 +155,21 @@ class LocalStore(ObjectStore):
             raise ObjectNotFound(f"object {key!r} not found in {self.describe()}")
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
+    def remove_stale_temporaries(self, older_than: float) -> int:
+        removed = 0
+        for directory, _, names in os.walk(self.root):
+            for name in names:
+                if not name.startswith(TEMP_PREFIX):
+                    continue
+                path = os.path.join(directory, name)
+                try:
+                    if os.stat(path).st_mtime < older_than:
+                        os.unlink(path)
+                        removed += 1
+                except FileNotFoundError:
+                    continue  # its writer finished (renamed it) meanwhile
+        return removed
+
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         validate_prefix(prefix)
         base = prefix.rpartition("/")[0]

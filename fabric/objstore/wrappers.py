@@ -46,6 +46,9 @@ class StoreWrapper(ObjectStore):
     def put(self, key: str, data: bytes | memoryview) -> None:
         self._call("put", key, lambda: self.inner.put(key, data))
 
+    def remove_stale_temporaries(self, older_than: float) -> int:
+        return self._call("cleanup", "", lambda: self.inner.remove_stale_temporaries(older_than))
+
     def put_file(self, key: str, path: str) -> None:
         self._call("put_file", key, lambda: self.inner.put_file(key, path))
 
