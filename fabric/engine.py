@@ -34,6 +34,8 @@ from .reader import Reader, View, prefix_end
 from .tree import Trees
 
 DEFAULT_BRANCH = "main"
+#: The pack store of a data directory unless told otherwise: ``DIR/store``.
+DEFAULT_STORE = "store"
 #: Chunks and objects younger than this are never garbage collected, so a
 #: writer that found a chunk present has this long to commit a reference to it.
 DEFAULT_GC_GRACE = 6 * 3600.0
@@ -82,9 +84,11 @@ class Engine(DataPlane):
         os.makedirs(data_dir, exist_ok=True)
         catalog = Catalog(Database(db_url or os.path.join(data_dir, "catalog.db")))
         recorded = catalog.setting("store_url")
-        url = store_url or recorded or os.path.join(os.path.abspath(data_dir), "store")
+        url = store_url or recorded or DEFAULT_STORE
         if recorded is None:
             catalog.set_setting("store_url", url)
+        if url == DEFAULT_STORE:  # relative to the data directory, which may be moved or copied
+            url = os.path.join(os.path.abspath(data_dir), DEFAULT_STORE)
         grace = gc_grace if gc_grace is not None else float(os.environ.get("FABRIC_GC_GRACE", DEFAULT_GC_GRACE))
         return cls(catalog, open_store(url), grace)
 

@@ -50,13 +50,7 @@ def template(tmp_path_factory) -> str:
 @pytest.fixture
 def seeded(cli, template):
     """A private copy of the template hub for one test to damage."""
-    shutil.copytree(template, cli.data)
-    # The catalog remembers the store's absolute path: point the copy at its own store.
-    e = Engine.open(cli.data)
-    try:
-        e.catalog.set_setting("store_url", os.path.join(cli.data, "store"))
-    finally:
-        e.close()
+    shutil.copytree(template, cli.data)  # a copied data directory uses its own store
     return cli, _contents()
 
 
