@@ -43,7 +43,7 @@ class FetchScheduler:
         self._fetch = fetch_frames
         self.cache = cache
         self.traffic = traffic
-        self._batch = batch_ids
+        self.batch_ids = batch_ids
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, bytes]] = []
         self._pending: dict[bytes, Future] = {}
@@ -120,7 +120,7 @@ class FetchScheduler:
             while not self._queue and not self._stopped:
                 self._cond.wait()
             batch: list[tuple[bytes, int]] = []
-            while self._queue and len(batch) < self._batch:
+            while self._queue and len(batch) < self.batch_ids:
                 priority, _, cid = heapq.heappop(self._queue)
                 if self._priority.get(cid) != priority:
                     continue  # stale entry: already taken, or queued again more urgently

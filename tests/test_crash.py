@@ -123,7 +123,9 @@ def test_kill_during_import(cli, tmp_path) -> None:
     print(f"uninterrupted import: {size / MiB:.0f} MiB in {duration:.2f}s (start-up {boot:.2f}s)")
 
     outcomes = []
-    for i, delay in enumerate(delays(boot, duration * 1.05, 4, seed=300)):
+    # Kill points over the first 90% of a run (a loaded machine varies run times, and
+    # the test needs kills that land before the commit as well as around it).
+    for i, delay in enumerate(delays(boot, duration * 0.9, 5, seed=300)):
         repo = f"demo{i}"
         cli("repo", "create", repo)
         cli("import", str(v0), f"{repo}@main", "-m", "v0")

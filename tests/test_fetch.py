@@ -146,8 +146,8 @@ def test_misses_are_coalesced_into_batch_requests(
         assert sorted(rec.ids()) == sorted(order), (
             "each missing chunk requested exactly once"
         )
-        assert len(rec.calls) <= -(-len(order) // 64) + 4, [len(c) for c in rec.calls]
-        assert max(len(c) for c in rec.calls) <= 64
+        assert len(rec.calls) <= -(-len(order) // f.batch_ids) + 4, [len(c) for c in rec.calls]
+        assert max(len(c) for c in rec.calls) <= f.batch_ids
         print(
             f"\n{len(order)} chunks in {len(rec.calls)} requests: {[len(c) for c in rec.calls]}"
         )
@@ -217,10 +217,8 @@ def test_demand_reads_overtake_queued_background_fetches(
             assert time.monotonic() < deadline
             time.sleep(0.05)
         snap = traffic.snapshot()
-        assert (
-            snap.get("upstream_bytes_received_demand", 0)
-            > sum(len(raw[c]) for c in demand) * 0.5
-        )
+        # The request that carried the demand ids is counted as demand traffic.
+        assert snap.get("upstream_bytes_received_demand", 0) >= sum(len(frames.encode(raw[c])) for c in demand)
         assert snap.get("upstream_bytes_received_prefetch", 0) > 0
     finally:
         f.stop()
