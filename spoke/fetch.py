@@ -72,7 +72,9 @@ class FetchScheduler:
                 self.refetched += 1  # the cached copy failed its checksum (and was dropped): fetched again below
             if frame is not None:
                 try:
-                    out[cid] = frames.decode(frame, cid)
+                    # The id was verified when the frame was fetched; the cache checks its
+                    # checksum on every read, so a hit needs no second hash of the content.
+                    out[cid] = frames.decode(frame)
                     self.hit_bytes += len(out[cid])
                     continue
                 except Corruption:

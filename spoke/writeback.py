@@ -43,6 +43,7 @@ class WriteBack:
             "CREATE TABLE IF NOT EXISTS ops (id INTEGER PRIMARY KEY AUTOINCREMENT, repo TEXT NOT NULL, "
             "branch TEXT NOT NULL, path TEXT NOT NULL, entry BLOB, created REAL NOT NULL)"
         )
+        self._queued = self._db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.landed = 0
@@ -77,11 +78,14 @@ class WriteBack:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany("INSERT INTO ops (repo, branch, path, entry, created) VALUES (?, ?, ?, ?, ?)", rows)
             self._db.execute("COMMIT")
+            self._queued += len(rows)
             self._wake.notify_all()
 
     def pending(self, repo: str, branch: str) -> dict[str, bytes | None]:
-        """Queued writes of a branch, latest per path."""
+        """Queued writes of a branch, latest per path (no query while nothing is queued)."""
         with self._lock:
+            if not self._queued:
+                return {}
             rows = self._db.execute(
                 "SELECT path, entry FROM ops WHERE repo = ? AND branch = ? ORDER BY id", (repo, branch)
             ).fetchall()
@@ -89,7 +93,7 @@ class WriteBack:
 
     def count(self) -> int:
         with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
+            return self._queued
 
     def flush(self, repo: str | None = None, branch: str | None = None) -> None:
         """Push queued writes (of one branch, or all) now; Unavailable while the hub is away."""
@@ -141,6 +145,7 @@ class WriteBack:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany("DELETE FROM ops WHERE id = ?", [(r[0],) for r in rows])
             self._db.execute("COMMIT")
+            self._queued -= len(rows)
         still = self.pinned_chunks()
         for cid in chunk_ids:
             if cid not in still:
