@@ -86,6 +86,18 @@ class HttpPlane(DataPlane):
         raise_for_error(response)
         return response
 
+    def _open_stream(self, request: httpx.Request) -> httpx.Response:
+        """Send a request whose response body is read as a stream (the caller closes it)."""
+        try:
+            response = self.http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise errors.Unavailable(f"cannot reach {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            response.read()
+            response.close()
+            raise_for_error(response)
+        return response
+
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._call(method, path, **kwargs).json()
 
@@ -229,14 +241,7 @@ class HttpPlane(DataPlane):
             end = "" if length is None else str(offset + length - 1)
             headers["Range"] = f"bytes={offset}-{end}"
         request = self.http.build_request("GET", f"/repos/{repo}/refs/{ref}/objects", params={"path": path}, headers=headers)
-        try:
-            response = self.http.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise errors.Unavailable(f"cannot reach {self.url}: {exc}") from exc
-        if response.status_code >= 400:
-            response.read()
-            response.close()
-            raise_for_error(response)
+        response = self._open_stream(request)
         return _stream(response)
 
     def put_object(
@@ -292,11 +297,7 @@ class HttpPlane(DataPlane):
 
     def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
         request = self.http.build_request("POST", "/chunks/frames", json={"ids": [c.hex() for c in ids]})
-        response = self.http.send(request, stream=True)
-        if response.status_code >= 400:
-            response.read()
-            response.close()
-            raise_for_error(response)
+        response = self._open_stream(request)
         return _records(response)
 
     def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
@@ -338,14 +339,7 @@ class HttpPlane(DataPlane):
         request = self.http.build_request(
             "GET", "/watch", params=params, timeout=httpx.Timeout(read_timeout, connect=10.0)
         )
-        try:
-            response = self.http.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise errors.Unavailable(f"cannot reach {self.url}: {exc}") from exc
-        if response.status_code >= 400:
-            response.read()
-            response.close()
-            raise_for_error(response)
+        response = self._open_stream(request)
         return _json_lines(response)
 
     # -- tokens (hub only) ---------------------------------------------------------
@@ -401,20 +395,36 @@ def _json_lines(response: httpx.Response) -> Iterator[dict]:
 
 
 def _records(response: httpx.Response) -> Iterator[tuple[bytes, bytes]]:
-    """Parse ``id(32) length(u32) frame`` records from a streamed response."""
-    buf = bytearray()
+    """Parse ``id(32) length(u32) frame`` records from a streamed response.
+
+    Pieces are joined only when a record spans them, and each frame is sliced
+    out of bytes once (no growing buffer that is copied and shifted per piece).
+    """
+    pending: list[bytes] = []
+    have = 0
+    need = 36  # bytes the next record needs, counted from the start of ``pending``
     try:
-        for piece in response.iter_bytes():  # as received: re-chunking to 1 MiB cost a copy and a join per piece
-            buf += piece
-            pos = 0
-            while len(buf) - pos >= 36:
-                (n,) = struct.unpack_from("<I", buf, pos + 32)
-                if len(buf) - pos < 36 + n:
+        for piece in response.iter_bytes():
+            pending.append(piece)
+            have += len(piece)
+            if have < need:
+                continue
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            pos, end = 0, len(data)
+            while True:
+                if end - pos < 36:
+                    need = 36
                     break
-                yield bytes(buf[pos : pos + 32]), bytes(buf[pos + 36 : pos + 36 + n])
+                (n,) = struct.unpack_from("<I", data, pos + 32)
+                if end - pos < 36 + n:
+                    need = 36 + n
+                    break
+                yield data[pos : pos + 32], data[pos + 36 : pos + 36 + n]
                 pos += 36 + n
-            del buf[:pos]
-        if buf:
+            rest = data[pos:] if pos else data
+            pending = [rest] if rest else []
+            have = len(rest)
+        if have:
             raise errors.Unavailable("frame stream ended in the middle of a record")
     finally:
         response.close()
