@@ -27,7 +27,7 @@ def parse_size(text: str) -> int:
 class Size(click.ParamType):
     name = "SIZE"
 
-    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201
+    def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
         try:
@@ -130,7 +130,15 @@ def mount(
     ready_fd: int | None,
 ) -> None:
     from .fs import MountConfig
-    from .mount import check_mountpoint, default_log_path, open_plane, resolve_target, run_foreground, setup_logging, spawn
+    from .mount import (
+        check_mountpoint,
+        default_log_path,
+        open_plane,
+        resolve_target,
+        run_foreground,
+        setup_logging,
+        spawn,
+    )
 
     repo, ref = split_repo_ref(target)
     if ref is None:

@@ -67,7 +67,7 @@ from fabric.paths import check_path
 
 from .cache import DiskCache, MemoryCache
 from .namespace import Namespace, split
-from .reader import FileReader, Fetcher
+from .reader import Fetcher, FileReader
 from .retry import Health, ServerGone
 from .stats import Stats
 from .writer import WFile
@@ -144,7 +144,7 @@ def op(fn: Callable) -> Callable:
     name = fn.__name__
 
     @wraps(fn)
-    def wrapper(self: "FabricFS", *args: Any) -> Any:
+    def wrapper(self: FabricFS, *args: Any) -> Any:
         t0 = time.perf_counter()
         failed = True
         try:
@@ -153,7 +153,7 @@ def op(fn: Callable) -> Callable:
             return out
         except mfusepy.FuseOSError:
             raise
-        except Exception as exc:  # noqa: BLE001 - every error becomes an errno
+        except Exception as exc:
             code = fs_errno(exc)
             if code == errno.EIO:
                 log.error("%s%r failed: %s", name, args[:1], exc, exc_info=not isinstance(exc, (FabricError, ServerGone)))
@@ -178,7 +178,7 @@ def rel(path: str | None) -> str | None:
 class RHandle:
     """A read handle pinned to one version of a file (snapshot isolation)."""
 
-    __slots__ = ("entry", "reader", "path")
+    __slots__ = ("entry", "path", "reader")
 
     def __init__(self, entry: Entry, reader: FileReader, path: str) -> None:
         self.entry = entry
@@ -189,21 +189,26 @@ class RHandle:
 class WHandle:
     """A handle on a file with local state (opened for writing, or read while being written)."""
 
-    __slots__ = ("wf", "writable")
+    __slots__ = ("reader", "reader_base", "wf", "writable")
 
     def __init__(self, wf: WFile, writable: bool) -> None:
         self.wf = wf
         self.writable = writable
+        self.reader: FileReader | None = None  # reads of the unchanged base version
+        self.reader_base: Entry | None = None
 
 
 def content_sig(entry: Entry) -> tuple:
-    return (entry.size, entry.md5, entry.chunklist, entry.chunks[:4] if entry.chunks else ())
+    """What identifies a version of a file, whether its chunk list is inline or an object."""
+    if entry.md5:
+        return (entry.size, entry.md5, entry.mtime_ns)
+    return (entry.size, entry.mtime_ns, entry.chunklist, entry.chunks[:4])
 
 
 class FabricFS(mfusepy.Operations):
     use_ns = True
 
-    def __init__(self, plane, config: MountConfig, *, branch: bool, commit_id: str, commit_time: float) -> None:  # noqa: ANN001
+    def __init__(self, plane, config: MountConfig, *, branch: bool, commit_id: str, commit_time: float) -> None:
         self.plane = plane
         self.cfg = config
         self.repo = config.repo
@@ -212,6 +217,7 @@ class FabricFS(mfusepy.Operations):
         self.writable = config.writable and branch
         self.commit_id = commit_id
         self.stats = Stats()
+        self.read_bytes = 0
         self.health = Health(config.server_timeout)
         disk = DiskCache(config.cache_dir, config.cache_size) if config.cache_dir else None
         self.memory = MemoryCache(config.memory_cache)
@@ -244,7 +250,7 @@ class FabricFS(mfusepy.Operations):
         self._committer: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------
-    def init_with_config(self, conn, config) -> None:  # noqa: ANN001 - mfusepy structs
+    def init_with_config(self, conn, config) -> None:
         if config is not None:
             config.use_ino = 0
             config.hard_remove = 1  # unlinked open files stay readable through their handle
@@ -277,17 +283,25 @@ class FabricFS(mfusepy.Operations):
     def destroy(self, path: str) -> None:
         self._stop.set()
         if self.writable:
-            self.flush_all()
+            failed = self.flush_all()
             if self.cfg.commit_on_unmount:
-                self.commit_now("unmount")
+                try:
+                    if failed:
+                        raise RuntimeError(f"{len(failed)} file(s) could not be staged, first {failed[0]}")
+                    self.commit_now("unmount")
+                except Exception as exc:  # noqa: BLE001 - the changes stay staged on the branch
+                    log.error("commit at unmount failed (changes stay staged on the branch): %s", exc)
         self.fetcher.close()
         log.info("unmounted; operation latencies:\n%s", self.stats.report())
 
     # -- commits and background flushing ---------------------------------------------
-    def flush_all(self) -> list[str]:
-        """Stage every file with unstaged changes; return the paths that failed."""
+    def flush_all(self, closed_only: bool = False) -> list[str]:
+        """Stage every file with unstaged changes (``closed_only``: not those still open for
+        writing, which may be half written); return the paths that failed."""
         failed = []
         for wf in list(self.wfiles.values()):
+            if closed_only and wf.opens > 0:
+                continue
             try:
                 self._sync(wf)
             except Exception as exc:  # noqa: BLE001
@@ -322,7 +336,7 @@ class FabricFS(mfusepy.Operations):
     def _commit_loop(self) -> None:
         while not self._stop.wait(self.cfg.commit_interval):
             try:
-                self.flush_all()
+                self.flush_all(closed_only=True)  # files still being written wait for their close
                 self.commit_now("interval")
             except Exception as exc:  # noqa: BLE001 - try again next interval
                 log.error("interval commit failed: %s", exc)
@@ -380,7 +394,7 @@ class FabricFS(mfusepy.Operations):
         r = self.root
         return {
             "st_mode": S.S_IFDIR | r["mode"],
-            "st_nlink": 2 + (d.subdirs() if (d := self.ns.cached("")) is not None else 0),
+            "st_nlink": 2 + d.subdirs() if (d := self.ns.cached("")) is not None else 1,
             "st_size": 4096,
             "st_uid": r["uid"],
             "st_gid": r["gid"],
@@ -536,7 +550,7 @@ class FabricFS(mfusepy.Operations):
             self.ns.update(p, None)
             return None
         cached = self.ns.lookup(p)
-        if cached is None or not cached.same_content(e):
+        if cached is None or content_sig(cached) != content_sig(e) or cached.mode != e.mode or cached.uid != e.uid:
             self.ns.update(p, e)
         return e
 
@@ -656,22 +670,27 @@ class FabricFS(mfusepy.Operations):
         return r
 
     @op
-    def read(self, path: str | None, size: int, offset: int, fi: Any) -> bytes:
+    def read(self, path: str | None, size: int, offset: int, fi: Any) -> list[tuple[bytes, int, int]]:
+        """``(bytes, lo, hi)`` pieces that :meth:`FabricFUSE.read` copies straight into the kernel's buffer."""
         if log.isEnabledFor(logging.DEBUG):
             log.debug("read %s offset %d size %d fh %d", path, offset, size, fi.fh)
+        self.read_bytes += size  # asked by the kernel (what its page cache lacked)
         h = self.handles.get(fi.fh)
         if h is None and self.immutable and path is not None:
-            return self._path_reader(rel(path) or "").read(offset, size)
+            return self._path_reader(rel(path) or "").read_parts(offset, size)
         if isinstance(h, RHandle):
-            return h.reader.read(offset, size)
+            return h.reader.read_parts(offset, size)
         if isinstance(h, WHandle):
             wf = h.wf
             with wf.lock:
                 if wf.fd is not None:
-                    return wf.read(offset, size)
+                    data = wf.read(offset, size)
+                    return [(data, 0, len(data))]
                 base = wf.base
             assert base is not None
-            return self._reader_for(base).read(offset, size)
+            if h.reader is None or h.reader_base is not base:
+                h.reader, h.reader_base = self._reader_for(base), base
+            return h.reader.read_parts(offset, size)
         raise _err(errno.EBADF)
 
     def _reader_for(self, e: Entry) -> FileReader:
@@ -708,6 +727,7 @@ class FabricFS(mfusepy.Operations):
             wf = self.wfiles.get(p)
             if wf is not None:
                 return wf
+        known = self.ns.lookup(p)
         e = self._fresh_entry(p)
         if e is None:
             raise _err(errno.ENOENT)
@@ -715,6 +735,8 @@ class FabricFS(mfusepy.Operations):
             raise _err(errno.EISDIR)
         if e.kind != FILE:
             raise _err(errno.EINVAL)
+        if known is not None and content_sig(known) != content_sig(e):
+            self._invalidate(p)  # changed elsewhere since the kernel saw it: its size is stale
         if e.chunklist and not e.chunks:
             e = self.health.call(self.plane.stat_chunks, self.repo, self.branch, p)
         with self.mu:
@@ -1245,6 +1267,10 @@ class FabricFS(mfusepy.Operations):
         return 0
 
 
+def _address(data: bytes) -> int:
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
+
+
 FUSE_READDIR_PLUS = 1
 FUSE_FILL_DIR_PLUS = 2
 
@@ -1253,7 +1279,23 @@ class FabricFUSE(mfusepy.FUSE):
     """mfusepy's FUSE with what fabric needs beyond it: cacheable directory handles,
     READDIRPLUS (names with attributes), rename flags, and file handles on setattr."""
 
-    def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):  # noqa: ANN001, ANN201
+    def read(self, path: bytes | None, buf, size: int, offset: int, fip) -> int:
+        """Copy each piece once, into the kernel's buffer (no joined copy of the whole read)."""
+        parts = self.operations.read(self._p(path), size, offset, fip.contents)
+        dst = ctypes.cast(buf, ctypes.c_void_p).value or 0
+        n = 0
+        for data, lo, hi in parts:
+            k = hi - lo
+            if k <= 0:
+                continue
+            if lo == 0:
+                ctypes.memmove(dst + n, data, k)
+            else:
+                ctypes.memmove(dst + n, _address(data) + lo, k)
+            n += k
+        return n
+
+    def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):
         if not flags & FUSE_READDIR_PLUS:
             return super().readdir_fuse_3(path, buf, filler, offset, fip, flags)
         # Entries are passed with offsets: libfuse 3.14 drops the attributes of
@@ -1282,7 +1324,7 @@ class FabricFUSE(mfusepy.FUSE):
         finally:
             ops.stats.record("readdirplus", time.perf_counter() - t0, failed)
 
-    def opendir(self, path: bytes, fip) -> int:  # noqa: ANN001
+    def opendir(self, path: bytes, fip) -> int:
         fi = fip.contents
         fi.fh = self.operations.opendir(path.decode(self.encoding, self.errors), fi)
         return 0
@@ -1291,20 +1333,20 @@ class FabricFUSE(mfusepy.FUSE):
     def _p(self, path: bytes | None) -> str | None:
         return None if path is None else path.decode(self.encoding, self.errors)
 
-    def chmod_fuse_3(self, path: bytes | None, mode: int, fip) -> int:  # noqa: ANN001
+    def chmod_fuse_3(self, path: bytes | None, mode: int, fip) -> int:
         return self.operations.chmod(self._p(path), mode, fip.contents if fip else None)
 
-    def chown_fuse_3(self, path: bytes | None, uid: int, gid: int, fip) -> int:  # noqa: ANN001
+    def chown_fuse_3(self, path: bytes | None, uid: int, gid: int, fip) -> int:
         if ctypes.c_uint32(uid + 1).value == 0:
             uid = -1
         if ctypes.c_uint32(gid + 1).value == 0:
             gid = -1
         return self.operations.chown(self._p(path), uid, gid, fip.contents if fip else None)
 
-    def truncate_fuse_3(self, path: bytes | None, length: int, fip) -> int:  # noqa: ANN001
+    def truncate_fuse_3(self, path: bytes | None, length: int, fip) -> int:
         return self.operations.truncate(self._p(path), length, fip.contents if fip else None)
 
-    def utimens_fuse_3(self, path: bytes | None, buf, fip) -> int:  # noqa: ANN001
+    def utimens_fuse_3(self, path: bytes | None, buf, fip) -> int:
         times = None
         if buf:
             times = (

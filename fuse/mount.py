@@ -11,6 +11,7 @@ unmount has committed when ``fabric umount`` returns.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -61,7 +62,7 @@ def read_state(mountpoint: str) -> dict | None:
         return None
 
 
-def open_plane(server: str, token: str | None, durability: str):  # noqa: ANN201 - HttpPlane
+def open_plane(server: str, token: str | None, durability: str):
     from fabric.client import HttpPlane
 
     plane = HttpPlane(server, token)
@@ -70,7 +71,7 @@ def open_plane(server: str, token: str | None, durability: str):  # noqa: ANN201
     return plane
 
 
-def resolve_target(plane, repo: str, ref: str, writable: bool) -> tuple[bool, str, float]:  # noqa: ANN001
+def resolve_target(plane, repo: str, ref: str, writable: bool) -> tuple[bool, str, float]:
     """``(is_branch, commit_id, commit_time)`` of REPO@REF; errors a person can act on."""
     plane.get_repo(repo)
     is_branch = any(b["name"] == ref for b in plane.list_branches(repo))
@@ -82,6 +83,8 @@ def resolve_target(plane, repo: str, ref: str, writable: bool) -> tuple[bool, st
 
 def check_mountpoint(mountpoint: str) -> str:
     mp = os.path.realpath(mountpoint)
+    if _stale(mp):
+        raise BadRequest(f"{mountpoint!r} is a mount whose process has gone; clean it up with: fabric umount {mountpoint}")
     if not os.path.isdir(mp):
         raise BadRequest(f"mount point {mountpoint!r} is not a directory; create it first (mkdir -p {mountpoint})")
     if os.path.ismount(mp):
@@ -203,6 +206,7 @@ def stats_path(mountpoint: str) -> str:
 def write_stats(mountpoint: str, fs: FabricFS) -> None:
     data = {
         "ops": fs.stats.snapshot(),
+        "read_bytes": fs.read_bytes,
         "fetched_chunks": fs.fetcher.fetched_chunks,
         "fetched_bytes": fs.fetcher.fetched_bytes,
         "frame_requests": fs.fetcher.requests,
@@ -281,7 +285,7 @@ def unmount(mountpoint: str, lazy: bool = False, timeout: float = 120.0) -> None
     """Unmount and wait for the mount process to finish (its unmount-time flush and commit)."""
     mp = os.path.realpath(mountpoint)
     state = read_state(mp)
-    if not os.path.ismount(mp):
+    if not os.path.ismount(mp) and not _stale(mp):
         if state is None:
             raise BadRequest(f"{mountpoint!r} is not a mount point")
     else:
@@ -306,6 +310,15 @@ def unmount(mountpoint: str, lazy: bool = False, timeout: float = 120.0) -> None
         os.unlink(state_path(mp))
     except OSError:
         pass
+
+
+def _stale(mp: str) -> bool:
+    """A FUSE mount whose process is gone ("Transport endpoint is not connected")."""
+    try:
+        os.lstat(mp)
+    except OSError as exc:
+        return exc.errno == errno.ENOTCONN
+    return False
 
 
 def _alive(pid: int) -> bool:

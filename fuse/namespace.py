@@ -42,11 +42,15 @@ class Dir:
         assert self._index is not None
         return self._files, self._index
 
+    _subdirs: int | None = None
+
     def changed(self) -> None:
-        self._files = self._index = None
+        self._files = self._index = self._subdirs = None
 
     def subdirs(self) -> int:
-        return sum(1 for e in self.children.values() if e.kind == DIR)
+        if self._subdirs is None:
+            self._subdirs = sum(1 for e in self.children.values() if e.kind == DIR)
+        return self._subdirs
 
 
 def split(path: str) -> tuple[str, str]:
@@ -58,13 +62,13 @@ def split(path: str) -> tuple[str, str]:
 class Namespace:
     def __init__(
         self,
-        plane,  # noqa: ANN001 - a fabric.plane.DataPlane
+        plane,
         health: Health,
         repo: str,
         ref: str,
         implicit: Entry,
         ttl: float | None,
-        lock: "threading.RLock | None" = None,
+        lock: threading.RLock | None = None,
     ) -> None:
         self.plane = plane
         self.health = health

@@ -40,7 +40,7 @@ class Fetcher:
 
     def __init__(
         self,
-        plane,  # noqa: ANN001 - a fabric.plane.DataPlane
+        plane,
         health: Health,
         memory: MemoryCache,
         disk: DiskCache | None = None,
@@ -194,29 +194,30 @@ class FileReader:
         self.ahead = 0  # chunks [0, ahead) have been requested already
         self._lock = threading.Lock()
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read_parts(self, offset: int, size: int) -> list[tuple[bytes, int, int]]:
+        """The bytes of ``[offset, offset + size)`` as ``(chunk, lo, hi)`` pieces, not copied."""
         if offset >= self.size or size <= 0:
-            return b""
+            return []
         end = min(offset + size, self.size)
         first = bisect.bisect_right(self.offsets, offset) - 1
         last = bisect.bisect_left(self.offsets, end)  # exclusive
         if self.size <= WHOLE_FILE:
-            demand = range(0, len(self.ids))  # small: all of it in one request, then from memory
+            demand = range(len(self.ids))  # small: all of it in one request, then from memory
         else:
             demand = range(first, last)
             self._read_ahead(offset, end, last)
         got = self.fetcher.get([self.ids[i] for i in demand])
-        if first + 1 == last:
-            data = got[self.ids[first]]
-            lo = offset - self.offsets[first]
-            return data[lo : lo + end - offset] if (lo, end - offset) != (0, len(data)) else data
         parts = []
         for i in range(first, last):
-            data = got[self.ids[i]]
-            lo = max(offset, self.offsets[i]) - self.offsets[i]
-            hi = min(end, self.offsets[i + 1]) - self.offsets[i]
-            parts.append(data[lo:hi] if (lo, hi) != (0, len(data)) else data)
-        return b"".join(parts)
+            base = self.offsets[i]
+            parts.append((got[self.ids[i]], max(offset, base) - base, min(end, self.offsets[i + 1]) - base))
+        return parts
+
+    def read(self, offset: int, size: int) -> bytes:
+        parts = self.read_parts(offset, size)
+        if len(parts) == 1 and parts[0][1] == 0 and parts[0][2] == len(parts[0][0]):
+            return parts[0][0]
+        return b"".join(data[lo:hi] for data, lo, hi in parts)
 
     def _read_ahead(self, offset: int, end: int, last: int) -> None:
         if not self.readahead:

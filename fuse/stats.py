@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 #: Latency histogram bucket upper bounds (seconds); the last bucket is open.
@@ -13,7 +11,7 @@ BUCKETS = (0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
 class OpStats:
-    __slots__ = ("count", "errors", "total", "max", "hist")
+    __slots__ = ("count", "errors", "hist", "max", "total")
 
     def __init__(self) -> None:
         self.count = 0
@@ -26,8 +24,7 @@ class OpStats:
         self.count += 1
         self.errors += failed
         self.total += seconds
-        if seconds > self.max:
-            self.max = seconds
+        self.max = max(self.max, seconds)
         i = 0
         while i < len(BUCKETS) and seconds > BUCKETS[i]:
             i += 1
@@ -81,25 +78,3 @@ class Stats:
                 f"{op:<12}{r['count']:>10}{r['errors']:>8}{r['mean_ms']:>10.3f}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{r['max_ms']:>10.3f}"
             )
         return "\n".join(lines)
-
-
-def timed(stats_attr: str = "stats") -> Callable:
-    """Decorate an Operations method: record its latency and whether it raised."""
-
-    def deco(fn: Callable) -> Callable:
-        name = fn.__name__
-
-        @wraps(fn)
-        def wrapper(self, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            failed = True
-            try:
-                out = fn(self, *args, **kwargs)
-                failed = False
-                return out
-            finally:
-                getattr(self, stats_attr).record(name, time.perf_counter() - t0, failed)
-
-        return wrapper
-
-    return deco

@@ -170,7 +170,7 @@ class WFile:
         assert self.base is not None
         return self.base.with_(mode=self.mode, uid=self.uid, gid=self.gid, mtime_ns=self.mtime_ns, meta=dict(self.meta))
 
-    def build_entry(self, sink) -> Entry:  # noqa: ANN001 - a fabric.ingest.ChunkSink
+    def build_entry(self, sink) -> Entry:
         """Chunk the local content into ``sink`` (not closed here) and return the file entry."""
         if self.fd is None:
             return self.attrs_entry()

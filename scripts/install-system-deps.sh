@@ -60,6 +60,11 @@ check procps       'command -v ps && command -v pkill'
 have_initdb || missing+=(postgresql)
 have_venv || missing+=(python3-venv)
 
+# FUSE mounts also need the kernel's /dev/fuse: load the module when it is missing.
+if [ ! -e /dev/fuse ] && [ "$(id -u)" -eq 0 ] && command -v modprobe >/dev/null 2>&1; then
+  modprobe fuse 2>/dev/null || log "WARNING: /dev/fuse is missing and 'modprobe fuse' failed; FUSE tests will be skipped"
+fi
+
 if [ "${#missing[@]}" -eq 0 ]; then
   log "all system packages present"
   exit 0

@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""FUSE benchmark: a fabric mount of a pinned commit vs an rclone mount vs the local directory.
+
+The same files three ways, side by side in one run:
+
+- ``local``: the plain directory the data was generated in;
+- ``rclone``: ``rclone mount DIR MNT --vfs-cache-mode full`` of that directory
+  (a fresh, empty VFS cache per round);
+- ``fabric``: ``fabric mount HUB repo@COMMIT MNT`` of the commit the directory
+  was imported into, served by a ``fabric hub`` on loopback (a fresh mount
+  process per round, so nothing of an earlier round is cached in it).
+
+Rows (medians over the counted rounds):
+
+- ``large first`` / ``large second``: sequential reads of each 1 GiB file with
+  1 MiB ``read`` calls, MB/s (10^6 bytes/s); the second read right after the first;
+- ``small first`` / ``small second``: every 100 KiB file read whole by 8 reader
+  processes (reader k takes every 8th file of the sorted list), files/s.
+
+"first" starts cold: as root, ``echo 3 > /proc/sys/vm/drop_caches`` runs
+before each first read (the local directory, rclone's source, and the hub's
+packs all come from disk); without root the page cache is left as it is and
+the report says so. Systems rotate their order round by round.
+
+Goals (issue 5): fabric >= rclone on every row; fabric's second reads within
+2x of the local directory's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from multiprocessing import Pool
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_json
+
+GIB = 1024**3
+SMALL = 100 * 1024
+READERS = 8
+
+
+# -- data ----------------------------------------------------------------------------
+def generate(root: str, large: int, small: int, seed: int) -> dict:
+    manifest = os.path.join(root, "manifest.json")
+    params = {"large_files": large, "large_size": GIB, "small_files": small, "small_size": SMALL, "seed": seed}
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            if json.load(f).get("params") == params:
+                return params
+        remove(root)
+    tree = os.path.join(root, "tree")
+    os.makedirs(os.path.join(tree, "large"))
+    rnd = random.Random(seed)
+    for i in range(large):
+        with open(os.path.join(tree, "large", f"big{i}.bin"), "wb") as f:
+            f.writelines(rnd.randbytes(8 << 20) for _ in range(GIB // (8 << 20)))
+    for i in range(small):
+        d = os.path.join(tree, "small", f"d{i // 1000:02d}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"f{i:06d}.bin"), "wb") as f:
+            f.write(rnd.randbytes(SMALL))
+    with open(manifest, "w") as f:
+        json.dump({"params": params}, f)
+    return params
+
+
+# -- readers -------------------------------------------------------------------------
+def read_sequential(path: str) -> int:
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    n = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while True:
+            got = os.readv(fd, [view])
+            if not got:
+                return n
+            n += got
+    finally:
+        os.close(fd)
+
+
+def _read_files(paths: list[str]) -> int:
+    n = 0
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while piece := f.read(1 << 20):
+                n += len(piece)
+    return n
+
+
+def large_rate(root: str) -> float:
+    files = sorted(os.path.join(root, "large", n) for n in os.listdir(os.path.join(root, "large")))
+    t0 = time.perf_counter()
+    total = sum(read_sequential(p) for p in files)
+    return total / (time.perf_counter() - t0) / MB
+
+
+def small_rate(root: str, pool: Pool) -> float:
+    files = sorted(
+        os.path.join(d, n) for d, _, names in os.walk(os.path.join(root, "small")) for n in names
+    )
+    parts = [files[k::READERS] for k in range(READERS)]
+    t0 = time.perf_counter()
+    total = sum(pool.map(_read_files, parts))
+    dt = time.perf_counter() - t0
+    assert total == len(files) * SMALL, (total, len(files))
+    return len(files) / dt
+
+
+def drop_caches() -> bool:
+    if os.geteuid() != 0:
+        return False
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+# -- systems -------------------------------------------------------------------------
+def wait_mount(mp: str, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(mp):
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"mount of {mp} exited: {proc.stdout.read() if proc.stdout else ''}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{mp} was not mounted within {timeout}s")
+        time.sleep(0.1)
+
+
+def unmount(mp: str) -> None:
+    for cmd in (["fusermount3", "-u", mp], ["fusermount3", "-u", "-z", mp]):
+        if not os.path.ismount(mp):
+            return
+        subprocess.run(cmd, capture_output=True)
+        time.sleep(0.3)
+
+
+class Fabric:
+    name = "fabric"
+
+    def __init__(self, python: str, hub_url: str, token: str, target: str, mp: str, log: str) -> None:
+        self.cmd = [python, "-m", "fabric.cli.main", "mount", hub_url, target, mp, "--log-file", log]
+        self.env = dict(fabric_env(), FABRIC_TOKEN=token)
+        self.mp = mp
+
+    def mount(self) -> str:
+        os.makedirs(self.mp, exist_ok=True)
+        subprocess.run(self.cmd, env=self.env, check=True, capture_output=True, cwd=FABRIC_SRC)
+        return self.mp
+
+    def unmount(self) -> None:
+        subprocess.run([*self.cmd[:3], "umount", self.mp], env=self.env, capture_output=True, cwd=FABRIC_SRC)
+        unmount(self.mp)
+
+
+class Rclone:
+    name = "rclone"
+
+    def __init__(self, src: str, mp: str, cache: str) -> None:
+        self.src, self.mp, self.cache = src, mp, cache
+        self.cmd = ["rclone", "mount", src, mp, "--vfs-cache-mode", "full", "--cache-dir", cache, "--daemon"]
+
+    def mount(self) -> str:
+        remove(self.cache)
+        os.makedirs(self.mp, exist_ok=True)
+        subprocess.run(self.cmd, check=True, capture_output=True)
+        wait_mount(self.mp)
+        return self.mp
+
+    def unmount(self) -> None:
+        unmount(self.mp)
+        remove(self.cache)
+
+
+class Local:
+    name = "local"
+
+    def __init__(self, src: str) -> None:
+        self.src = src
+        self.cmd = ["(the directory itself)", src]
+
+    def mount(self) -> str:
+        return self.src
+
+    def unmount(self) -> None:
+        pass
+
+
+# -- main ----------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "work"))
+    ap.add_argument("--large-files", type=int, default=2, help="1 GiB files (default 2)")
+    ap.add_argument("--small-files", type=int, default=4000, help="100 KiB files (default 4000)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--only", choices=["fabric", "rclone", "local"], action="append")
+    ap.add_argument("--no-tmpfs-reference", dest="tmpfs_reference", action="store_false",
+                    help="skip the tmpfs reference read of the large files")
+    ap.add_argument("--json-out")
+    ap.add_argument("--md-out")
+    args = ap.parse_args()
+
+    if not shutil.which("rclone"):
+        raise SystemExit("bench_fuse.py: rclone is not on PATH (scripts/install-system-deps.sh installs it)")
+    data = os.path.join(args.work, "data", f"fuse-l{args.large_files}-s{args.small_files}-s{args.seed}")
+    params = generate(data, args.large_files, args.small_files, args.seed)
+    tree = os.path.join(data, "tree")
+    stores = os.path.join(args.work, "stores", "fuse")
+    remove(stores)
+    os.makedirs(stores)
+
+    # The hub: import the tree in-process (not what is measured), then serve it.
+    sys.path.insert(0, FABRIC_SRC)
+    from fabric.engine import Engine
+    from fabric.net import free_port
+    from fabric.transfer import import_directory
+
+    hub_dir = os.path.join(stores, "hub")
+    engine = Engine.open(hub_dir)
+    engine.create_repo("bench")
+    commit = import_directory(engine, tree, "bench", "main", "bench data").commit.id
+    engine.close()
+    port = free_port()
+    hub_log = open(os.path.join(stores, "hub.log"), "wb")
+    hub_cmd = [args.python, "-m", "fabric.cli.main", "hub", "--data", hub_dir, "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
+    hub = subprocess.Popen(hub_cmd, stdout=hub_log, stderr=subprocess.STDOUT, env=fabric_env(), cwd=FABRIC_SRC)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    token = open(os.path.join(hub_dir, "admin.token")).read().strip()
+
+    systems = [
+        Fabric(args.python, url, token, f"bench@{commit}", os.path.join(stores, "mnt-fabric"), os.path.join(stores, "mount.log")),
+        Rclone(tree, os.path.join(stores, "mnt-rclone"), os.path.join(stores, "rclone-cache")),
+        Local(tree),
+    ]
+    if args.only:
+        systems = [s for s in systems if s.name in args.only]
+    rows = ("large_first", "large_second", "small_first", "small_second")
+    results: dict[str, dict[str, list[float]]] = {s.name: {r: [] for r in rows} for s in systems}
+    dropped = True
+    try:
+        with Pool(READERS) as pool:
+            for rnd in range(args.runs):
+                order = systems[rnd % len(systems) :] + systems[: rnd % len(systems)]
+                for s in order:
+                    root = s.mount()
+                    try:
+                        dropped &= drop_caches()
+                        results[s.name]["large_first"].append(large_rate(root))
+                        results[s.name]["large_second"].append(large_rate(root))
+                        dropped &= drop_caches()
+                        results[s.name]["small_first"].append(small_rate(root, pool))
+                        results[s.name]["small_second"].append(small_rate(root, pool))
+                    finally:
+                        s.unmount()
+                    print(f"round {rnd + 1} {s.name}: " + ", ".join(f"{r} {results[s.name][r][-1]:.0f}" for r in rows), file=sys.stderr)
+    finally:
+        hub.terminate()
+        hub.wait(30)
+
+    # Reference for the second reads of large files: the same files in tmpfs, whose page cache
+    # uses small pages like a FUSE mount's (a local ext4/xfs directory may use large folios).
+    tmpfs_rates: list[float] = []
+    shm = "/dev/shm"
+    if args.tmpfs_reference and os.path.isdir(shm):
+        ref = os.path.join(shm, f"fabric-bench-{os.getpid()}")
+        try:
+            shutil.copytree(os.path.join(tree, "large"), os.path.join(ref, "large"))
+            large_rate(ref)
+            tmpfs_rates = [large_rate(ref) for _ in range(args.runs)]
+        finally:
+            remove(ref)
+    med = {s: {r: median(v) for r, v in rs.items()} for s, rs in results.items()}
+    report = {
+        "machine": machine(),
+        "params": params,
+        "runs": args.runs,
+        "caches_dropped_before_first_reads": dropped,
+        "results": results,
+        "medians": med,
+        "commands": {
+            "fabric": " ".join(systems[0].cmd) if systems and systems[0].name == "fabric" else None,
+            "rclone": " ".join(Rclone(tree, "MNT", "CACHE").cmd),
+            "hub": " ".join(hub_cmd),
+            "benchmark": " ".join([sys.executable, *sys.argv]),
+        },
+    }
+    md = [
+        f"Data: {params['large_files']} x 1 GiB incompressible files; {params['small_files']} x 100 KiB files "
+        f"(directories of 1,000). {args.runs} rounds, medians; caches dropped before first reads: {'yes' if dropped else 'NO'}.",
+        "",
+        "| row | unit | fabric | rclone | local | fabric / rclone | fabric / local |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        unit = "MB/s" if r.startswith("large") else "files/s"
+        f, c, loc = (med.get(n, {}).get(r) for n in ("fabric", "rclone", "local"))
+        fmt = lambda x: f"{x:,.0f}" if x is not None else "-"
+        ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"
+        md.append(f"| {r.replace('_', ' ')} | {unit} | {fmt(f)} | {fmt(c)} | {fmt(loc)} | {ratio(f, c)} | {ratio(f, loc)} |")
+    if tmpfs_rates:
+        t = median(tmpfs_rates)
+        md += [
+            "",
+            f"Reference: the large files read from tmpfs (page cache, small pages): {t:,.0f} MB/s; "
+            f"fabric's second read / tmpfs = {med['fabric']['large_second'] / t:.2f}." if "fabric" in med else f"tmpfs: {t:,.0f} MB/s",
+        ]
+        report["tmpfs_large_second"] = tmpfs_rates
+    text = "\n".join(md)
+    print(text)
+    if args.json_out:
+        save_json(args.json_out, report)
+    if args.md_out:
+        with open(args.md_out, "w") as fh:
+            fh.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Helpers of the FUSE tests: real mounts through the real ``fabric mount`` command.
+
+``mounted(hub_url, token, "repo@ref", mountpoint, *options)`` is a context
+manager that runs ``fabric mount`` (background, returns when ready) and
+always unmounts in its exit (``fabric umount``, then ``fusermount3 -u -z``
+and a kill of the mount process if needed), so a failing test never leaves
+a stale mount behind. :class:`RestartableHub` is a hub that can be stopped
+and started again on the same port and data directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fabric.net import free_port
+from tests.hubserver import ROOT, _wait_healthy, hub_env, stop
+
+FABRIC = [sys.executable, "-m", "fabric.cli.main"]
+
+
+def fuse_unavailable_reason() -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    if not (shutil.which("fusermount3") or shutil.which("fusermount")):
+        return "fusermount3 is not installed (make deps / scripts/install-system-deps.sh)"
+    try:
+        import mfusepy  # noqa: F401
+    except (ImportError, OSError, AttributeError) as exc:
+        return f"mfusepy cannot load libfuse: {exc}"
+    return None
+
+
+needs_fuse = pytest.mark.skipif(fuse_unavailable_reason() is not None, reason=str(fuse_unavailable_reason()))
+
+
+def env(token: str | None = None, **extra: str) -> dict:
+    e = hub_env(extra)
+    if token:
+        e["FABRIC_TOKEN"] = token
+    return e
+
+
+def fabric(*args: str, token: str | None = None, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*FABRIC, *args], env=env(token), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"fabric {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}\n{proc.stdout}")
+    return proc
+
+
+def force_unmount(mountpoint: str) -> None:
+    for cmd in (["fusermount3", "-u", "-z", mountpoint], ["umount", "-l", mountpoint]):
+        if not os.path.ismount(mountpoint):
+            return
+        subprocess.run(cmd, capture_output=True)
+
+
+@contextlib.contextmanager
+def mounted(server: str, token: str | None, target: str, mountpoint: str | os.PathLike, *options: str) -> Iterator[str]:
+    mp = str(mountpoint)
+    os.makedirs(mp, exist_ok=True)
+    log = mp.rstrip("/") + ".mount.log"
+    fabric("mount", server, target, mp, "--log-file", log, *options, token=token)
+    state = _state(mp)
+    try:
+        assert os.path.ismount(mp), f"{mp} is not a mount point after fabric mount returned"
+        yield mp
+    finally:
+        try:
+            proc = fabric("umount", mp, "--timeout", "60", check=False, timeout=90)
+            if proc.returncode != 0:
+                print(f"fabric umount {mp} failed: {proc.stderr}", file=sys.stderr)
+        finally:
+            force_unmount(mp)
+            pid = (state or {}).get("pid")
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline:
+                        os.kill(pid, 0)
+                        time.sleep(0.1)
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _state(mp: str) -> dict | None:
+    from fuse.mount import read_state
+
+    return read_state(mp)
+
+
+def mount_log(mountpoint: str) -> str:
+    try:
+        return Path(str(mountpoint).rstrip("/") + ".mount.log").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+class RestartableHub:
+    """``fabric hub`` on a fixed port and data directory that can be stopped and started again."""
+
+    def __init__(self, data: str | os.PathLike) -> None:
+        self.data = str(data)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.data.rstrip("/") + ".log"
+        self.token: str | None = None
+
+    def start(self) -> None:
+        argv = [*FABRIC, "hub", "--data", self.data, "--listen", f"127.0.0.1:{self.port}"]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=hub_env(), cwd=ROOT)
+        _wait_healthy(self.url, self.proc, self.log_path)
+        self.token = (Path(self.data) / "admin.token").read_text().strip()
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        if kill:
+            self.proc.kill()
+            self.proc.wait(10)
+        else:
+            stop(self.proc)
+        self.proc = None
+
+    def plane(self):
+        from fabric.client import HttpPlane
+
+        return HttpPlane(self.url, self.token)
+
+    def __enter__(self) -> RestartableHub:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- trees -----------------------------------------------------------------------------
+def file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(1 << 20):
+            h.update(piece)
+    return h.hexdigest()
+
+
+def snapshot(root: str, content: bool = True, mtimes: bool = True, dirs: bool = True) -> dict[str, tuple]:
+    """``relative path -> (kind, mode, size, mtime_ns, digest/target)`` of everything under ``root``."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            relp = os.path.relpath(full, root)
+            st = os.lstat(full)
+            if stat.S_ISDIR(st.st_mode):
+                if dirs:
+                    out[relp] = ("dir", stat.S_IMODE(st.st_mode))
+            elif stat.S_ISLNK(st.st_mode):
+                out[relp] = ("symlink", os.readlink(full))
+            else:
+                out[relp] = (
+                    "file",
+                    stat.S_IMODE(st.st_mode),
+                    st.st_size,
+                    st.st_mtime_ns if mtimes else 0,
+                    file_digest(full) if content else "",
+                )
+    return out
+
+
+def diff_snapshots(a: dict, b: dict, limit: int = 20) -> list[str]:
+    problems = []
+    for k in sorted(a.keys() | b.keys()):
+        if a.get(k) != b.get(k):
+            problems.append(f"{k}: {a.get(k)} != {b.get(k)}")
+            if len(problems) >= limit:
+                break
+    return problems
+
+
+def ls_lines(root: str) -> list[str]:
+    """`ls -lR` lines of regular files and symlinks (mode, links, size, mtime, name), and the
+    directory headers; directory lines differ between file systems and are left out."""
+    out = subprocess.run(["ls", "-lR", "--time-style=+%s", "-n", root], capture_output=True, text=True, check=True).stdout
+    lines = []
+    for line in out.replace(root, "ROOT").splitlines():
+        if line.startswith(("-", "l")):
+            parts = line.split(None, 6)
+            lines.append(" ".join([parts[0], parts[1], parts[4], parts[5], parts[6]]))
+        elif line.startswith("ROOT"):
+            lines.append(line)
+    return lines
+
+
+def dump(obj: object) -> str:
+    return json.dumps(obj, indent=1, default=str)[:4000]
