@@ -7,8 +7,6 @@ references), so a crash leaves at worst an unindexed pack that gc removes.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 
 from . import frames, packs
@@ -16,39 +14,11 @@ from .catalog import Catalog
 from .catalog.catalog import ChunkLocation
 from .errors import Corruption, NotFound, ObjectNotFound
 from .ingest import PackSession
+from .lru import BytesLRU
 from .objstore import ObjectStore
 
 #: Reads of frames closer together than this in one pack are merged into one GET.
 COALESCE_GAP = 256 * 1024
-
-
-class ChunkCache:
-    """A small in-memory LRU of decoded chunks, bounded in bytes."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.size = 0
-        self._items: OrderedDict[bytes, bytes] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, cid: bytes) -> bytes | None:
-        with self._lock:
-            data = self._items.get(cid)
-            if data is not None:
-                self._items.move_to_end(cid)
-            return data
-
-    def put(self, cid: bytes, data: bytes) -> None:
-        if len(data) > self.budget // 4:
-            return
-        with self._lock:
-            if cid in self._items:
-                return
-            self._items[cid] = data
-            self.size += len(data)
-            while self.size > self.budget:
-                _, old = self._items.popitem(last=False)
-                self.size -= len(old)
 
 
 class ChunkStore:
@@ -56,7 +26,7 @@ class ChunkStore:
         self.store = store
         self.catalog = catalog
         self.grace = grace
-        self.cache = ChunkCache(cache_bytes)
+        self.cache = BytesLRU(cache_bytes, max_item=cache_bytes // 4)
 
     # -- writing -------------------------------------------------------------
     def missing(self, ids: Sequence[bytes]) -> list[bytes]:

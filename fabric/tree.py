@@ -130,9 +130,12 @@ class Trees:
         lo = max(start, prefix)
         refs = self.ranges(tree_id)
         i = max(0, bisect.bisect_right([r.first for r in refs], lo) - 1)
-        for n, ref in enumerate(refs[i:]):
-            if n % PREFETCH_RANGES == 0:
-                self.meta.prefetch(RANGE, [r.id for r in refs[i + n : i + n + PREFETCH_RANGES]])
+        for j in range(i, len(refs)):
+            ref = refs[j]
+            if j == i or j % PREFETCH_RANGES == 0:
+                # Aligned blocks: pages of a listing that start inside one block ask for nothing new.
+                block = j - j % PREFETCH_RANGES
+                self.meta.prefetch(RANGE, [r.id for r in refs[block : block + PREFETCH_RANGES]])
             if ref.last < lo:
                 continue
             if prefix and ref.first > prefix and not ref.first.startswith(prefix):

@@ -18,44 +18,6 @@ from fabric.chunking import chunk_id
 log = logging.getLogger("fabric.fuse")
 
 
-class MemoryCache:
-    """Decoded chunks in memory, least recently used out first, never above ``budget`` bytes."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.size = 0
-        self.hits = 0
-        self.misses = 0
-        self._items: OrderedDict[bytes, bytes] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, cid: bytes) -> bytes | None:
-        with self._lock:
-            data = self._items.get(cid)
-            if data is None:
-                self.misses += 1
-                return None
-            self._items.move_to_end(cid)
-            self.hits += 1
-            return data
-
-    def put(self, cid: bytes, data: bytes) -> None:
-        if len(data) > self.budget:
-            return
-        with self._lock:
-            if cid in self._items:
-                self._items.move_to_end(cid)
-                return
-            self._items[cid] = data
-            self.size += len(data)
-            while self.size > self.budget:
-                _, old = self._items.popitem(last=False)
-                self.size -= len(old)
-
-    def __contains__(self, cid: bytes) -> bool:
-        return cid in self._items
-
-
 class DiskCache:
     """Chunks as files under ``root`` (``ab/abcdef...``), bounded by ``budget`` bytes.
 

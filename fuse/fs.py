@@ -62,10 +62,11 @@ from fabric.errors import (
     RangeNotSatisfiable,
     Unauthorized,
 )
+from fabric.lru import BytesLRU
 from fabric.model import DIR, FILE, SYMLINK, Entry
 from fabric.paths import check_path
 
-from .cache import DiskCache, MemoryCache
+from .cache import DiskCache
 from .namespace import Namespace, split
 from .reader import Fetcher, FileReader
 from .retry import Health, ServerGone
@@ -220,7 +221,7 @@ class FabricFS(mfusepy.Operations):
         self.read_bytes = 0
         self.health = Health(config.server_timeout)
         disk = DiskCache(config.cache_dir, config.cache_size) if config.cache_dir else None
-        self.memory = MemoryCache(config.memory_cache)
+        self.memory = BytesLRU(config.memory_cache)
         self.fetcher = Fetcher(plane, self.health, self.memory, disk, config.fetch_workers)
         mtime_ns = int(commit_time * 1e9)
         self.implicit = Entry(DIR, 0, 0o755, mtime_ns, uid=config.uid, gid=config.gid)

@@ -20,8 +20,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from fabric import frames
 from fabric.errors import Corruption
+from fabric.lru import BytesLRU
 
-from .cache import DiskCache, MemoryCache
+from .cache import DiskCache
 from .retry import Health
 
 log = logging.getLogger("fabric.fuse")
@@ -42,7 +43,7 @@ class Fetcher:
         self,
         plane,
         health: Health,
-        memory: MemoryCache,
+        memory: BytesLRU,
         disk: DiskCache | None = None,
         workers: int = 4,
     ) -> None:
