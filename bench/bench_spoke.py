@@ -1,0 +1,502 @@
+#!/usr/bin/env python3
+"""Reads through a spoke over a WAN (issue 4): fabric's spoke vs rsync and rclone, same emulated link.
+
+A :class:`fabric.wanproxy.WanProxy` (default 50 ms RTT, 1 Gbit/s each way)
+sits between the reader's side and the origin of every tool, and counts the
+bytes that cross it (TCP payload both ways, protocol included):
+
+* fabric: ``client -> spoke (loopback) -> WAN -> hub``. Per round a fresh hub
+  holding v1 (a copy of a template store) and a cold spoke (empty cache)::
+
+      fabric --server SPOKE export bench@main out-v1       # v1, cold cache
+      fabric --server HUB import v2 bench@main -m v2       # untimed, at the hub, not over the WAN
+      fabric --server SPOKE export bench@main out-v2       # v2: only what the cache lacks crosses the WAN
+
+* rsync: ``rsync -> WAN -> rsync daemon`` (modules v1, v2 read-only)::
+
+      rsync -a --delete --stats rsync://PROXY/v1/ dst/ ; rsync -a --delete --stats rsync://PROXY/v2/ dst/
+      (and the same with -z --zc=zstd)
+
+* rclone: ``rclone -> WAN -> moto S3 server``; buckets bench-v1 and bench-v2
+  uploaded once (directly, with rclone, so objects carry rclone's mtime)::
+
+      rclone sync wan:bench-v1 dst ; rclone sync wan:bench-v2 dst
+
+Goals: v2 update bytes below rsync's and <= 0.2x rclone's.
+
+Listing: a 100,000-file directory (one flat directory) through a cold spoke
+over the same link: ``fabric --server SPOKE ls tree@main d0000`` — round trips
+to the hub (the spoke's ``upstream_requests`` delta) and time; goal < 50 round
+trips. ``rsync --list-only`` of the same directory through the same link is
+the reference.
+
+    python bench/bench_spoke.py              # full size, 3 rounds (about 20-30 min on 2 busy cores)
+    python bench/bench_spoke.py --quick      # 1/10 data, 10,000-file directory, 1 round
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _common import (
+    MB,
+    fabric_cmd,
+    fabric_env,
+    machine,
+    median,
+    remove,
+    run,
+    run_timed,
+    save_json,
+    with_retries,
+)
+from bench_remote import (
+    WORK,
+    Hub,
+    MiB,
+    Moto,
+    RsyncDaemon,
+    Spoke,
+    ensure_versions,
+    load_manifest,
+    loadavg,
+    rclone_env,
+    rsync_stats,
+    timed_phase,
+    wan,
+    warm_page_cache,
+)
+
+
+# -- preparation (once per invocation, untimed) -------------------------------------------
+def ensure_flat_tree(python: str, files: int, seed: int) -> str:
+    """``files`` small files in ONE directory (d0000/), generated once under bench/work/data/."""
+    out = os.path.join(WORK, "data", f"flat-{files // 1000}k-s{seed}")
+    subprocess.run([python, os.path.join(HERE, "gen_dataset.py"), "tree", "--out", out, "--seed", str(seed),
+                    "--files", str(files), "--per-dir", str(files), "--min-size", "100", "--max-size", "400"], check=True)
+    return os.path.join(out, "tree")
+
+
+def local_store(python: str, data: str, repo: str, src: str) -> None:
+    """A hub data directory holding ``src`` as ``repo@main`` (built with the engine directly: no server)."""
+    remove(data)
+    base = fabric_cmd(python) + ["--data", data, "-q", "--json"]
+    run(base + ["repo", "create", repo], env=fabric_env())
+    run(base + ["import", src, f"{repo}@main", "-m", "template"], env=fabric_env())
+
+
+def tree_index(root: str) -> dict[str, tuple[int, int]]:
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_size, int(st.st_mtime))
+    return out
+
+
+def verify(dst: str, src: str, changed: list[str]) -> None:
+    """``dst`` holds exactly ``src``'s files (size, mtime to the second), and the changed files byte for byte."""
+    a, b = tree_index(dst), tree_index(src)
+    if a != b:
+        only_dst, only_src = sorted(a.keys() - b.keys())[:5], sorted(b.keys() - a.keys())[:5]
+        diff = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])[:5]
+        raise SystemExit(f"{dst} differs from {src}: extra {only_dst}, missing {only_src}, different {diff}")
+    for rel in changed:
+        if not filecmp.cmp(os.path.join(dst, rel), os.path.join(src, rel), shallow=False):
+            raise SystemExit(f"{dst}/{rel} has other bytes than {src}/{rel}")
+
+
+def changed_files(manifest: dict, v2: str) -> list[str]:
+    """v2's files whose bytes a reader must get anew: edited, new, renamed, duplicated."""
+    out = list(manifest["edited"])
+    for rel in manifest["renamed"]:
+        head, tail = os.path.split(rel)
+        out.append(os.path.join(head, "renamed-" + tail))
+    for rel in manifest["duplicated"]:
+        head, tail = os.path.split(rel)
+        out.append(os.path.join(head, "copy-" + tail))
+    out += sorted(os.path.relpath(os.path.join(d, n), v2) for d, _, ns in os.walk(os.path.join(v2, "new")) for n in ns)
+    return out
+
+
+# -- tools --------------------------------------------------------------------------------
+def fabric_round(a: argparse.Namespace, ctx: dict, r: int) -> dict:
+    base = os.path.join(a.work, f"spoke-fabric-{r}")
+    remove(base)
+    os.makedirs(base)
+    shutil.copytree(ctx["template_v1"], os.path.join(base, "hub"))
+    hub = Hub(a.python, os.path.join(base, "hub"))
+    spoke = None
+    try:
+        with wan(hub.port, a.rtt_ms, a.rate_mbit) as proxy:
+            spoke = Spoke(a.python, proxy.url_for(), os.path.join(base, "cache"), a.cache_size, hub.token)
+            spoke.stats()  # the spoke checks the caller's token with the hub once; not part of the reads
+            out: dict = {"tool": "fabric"}
+            # v2-warm: v2 exported once more into an empty directory, every chunk now cached: no WAN
+            # traffic, so it is the local part of a v2 export (export rewrites every file; see the notes).
+            for ver in ("v1", "v2", "v2-warm"):
+                dst = os.path.join(base, f"out-{ver}")
+                if ver == "v2":
+                    commit = json.loads(run(hub.cli("import", ctx["v2"], "bench@main", "-m", "v2"), env=fabric_env()))["commit_id"]
+                    deadline = time.monotonic() + 60
+                    while spoke.head("bench", "main") != commit:  # the hub's watch stream tells the spoke
+                        if time.monotonic() > deadline:
+                            raise SystemExit("the spoke did not see the v2 commit within 60 s")
+                        time.sleep(0.05)
+                st0 = spoke.stats()
+                t, w = timed_phase(spoke.cli("export", "bench@main", dst), proxy, env=fabric_env(),
+                                   servers=(spoke.proc.pid, hub.proc.pid))
+                st1 = spoke.stats()
+                verify(dst, ctx[ver[:2]], ctx["changed"] if ver != "v1" else [])
+                out[ver] = {"wall": t.wall, "cpu": t.cpu, "wire": w, "cmd": shlex.join(t.cmd),
+                            "upstream_requests": st1["upstream_requests"] - st0["upstream_requests"],
+                            "upstream_bytes_received": st1["upstream_bytes_received"] - st0["upstream_bytes_received"],
+                            "upstream_bytes_sent": st1["upstream_bytes_sent"] - st0["upstream_bytes_sent"],
+                            "cache_hit_bytes": st1["cache_hit_bytes"] - st0["cache_hit_bytes"],
+                            "cache_miss_bytes": st1["cache_miss_bytes"] - st0["cache_miss_bytes"]}
+                previous = {"v2": "out-v1", "v2-warm": "out-v2"}.get(ver)
+                if previous:
+                    remove(os.path.join(base, previous))
+            return out
+    finally:
+        if spoke is not None:
+            spoke.stop()
+        hub.stop()
+        remove(base)
+
+
+def rsync_round(a: argparse.Namespace, ctx: dict, r: int, compress: bool) -> dict:
+    name = "rsync-z" if compress else "rsync"
+    base = os.path.join(a.work, f"spoke-{name}-{r}")
+    remove(base)
+    dst = os.path.join(base, "dst")
+    os.makedirs(dst)
+    flags = ["-a", "--delete", "--stats"] + (["-z", "--zc=zstd"] if compress else [])
+    try:
+        out: dict = {"tool": name}
+        with wan(ctx["rsyncd"].port, a.rtt_ms, a.rate_mbit) as proxy:
+            for ver in ("v1", "v2"):
+                cmd = ["rsync", *flags, f"rsync://127.0.0.1:{proxy.port}/{ver}/", dst + "/"]
+                t, w = timed_phase(cmd, proxy, servers=(ctx["rsyncd"].proc.pid,))
+                verify(dst, ctx[ver], ctx["changed"] if ver == "v2" else [])
+                out[ver] = {"wall": t.wall, "cpu": t.cpu, "wire": w, "cmd": shlex.join(cmd), "rsync_stats": rsync_stats(t.stdout)}
+        return out
+    finally:
+        remove(base)
+
+
+def rclone_round(a: argparse.Namespace, ctx: dict, r: int) -> dict:
+    base = os.path.join(a.work, f"spoke-rclone-{r}")
+    remove(base)
+    dst = os.path.join(base, "dst")
+    os.makedirs(dst)
+    try:
+        out: dict = {"tool": "rclone"}
+        with wan(ctx["moto"].port, a.rtt_ms, a.rate_mbit) as proxy:
+            env = rclone_env({"wan": proxy.url_for()})
+            for ver in ("v1", "v2"):
+                cmd = ["rclone", "sync", f"wan:bench-{ver}", dst]
+                t, w = timed_phase(cmd, proxy, env=env, servers=(ctx["moto"].proc.pid,))
+                verify(dst, ctx[ver], ctx["changed"] if ver == "v2" else [])
+                out[ver] = {"wall": t.wall, "cpu": t.cpu, "wire": w, "cmd": shlex.join(cmd)}
+        return out
+    finally:
+        remove(base)
+
+
+def listing_round(a: argparse.Namespace, ctx: dict, r: int) -> dict:
+    base = os.path.join(a.work, f"spoke-list-{r}")
+    remove(base)
+    os.makedirs(base)
+    hub, spoke = ctx["list_hub"], None
+    try:
+        with wan(hub.port, a.rtt_ms, a.rate_mbit) as proxy:
+            spoke = Spoke(a.python, proxy.url_for(), os.path.join(base, "cache"), a.cache_size, hub.token)
+            spoke.stats()  # token check with the hub, once
+            out: dict = {"round": r, "files": ctx["tree_files"]}
+            for phase in ("cold", "warm"):
+                st0 = spoke.stats()
+                t, w = timed_phase(spoke.cli("ls", "tree@main", "d0000"), proxy, env=fabric_env(),
+                                   servers=(spoke.proc.pid, hub.proc.pid))
+                st1 = spoke.stats()
+                n = len(json.loads(t.stdout))
+                if n != ctx["tree_files"]:
+                    raise SystemExit(f"ls listed {n} entries, expected {ctx['tree_files']}")
+                out[phase] = {"wall": t.wall, "cpu": t.cpu, "wire": w, "cmd": shlex.join(t.cmd), "entries": n,
+                              "upstream_requests": st1["upstream_requests"] - st0["upstream_requests"],
+                              "upstream_bytes_received": st1["upstream_bytes_received"] - st0["upstream_bytes_received"]}
+            floor = run_timed(fabric_cmd(a.python) + ["--version"], env=fabric_env())
+            out["cli_startup"] = floor.wall
+        with wan(ctx["rsyncd"].port, a.rtt_ms, a.rate_mbit) as proxy:
+            cmd = ["rsync", "--list-only", f"rsync://127.0.0.1:{proxy.port}/tree/d0000/"]
+            t, w = timed_phase(cmd, proxy)
+            n = sum(1 for line in t.stdout.splitlines() if line.startswith("-"))
+            out["rsync"] = {"wall": t.wall, "cpu": t.cpu, "wire": w, "cmd": shlex.join(cmd), "entries": n}
+        return out
+    finally:
+        if spoke is not None:
+            spoke.stop()
+        remove(base)
+
+
+# -- driver -------------------------------------------------------------------------------
+def prepare(a: argparse.Namespace, data: str, ctx: dict) -> None:
+    ctx.update({"v1": os.path.join(data, "v1"), "v2": os.path.join(data, "v2"), "manifest": load_manifest(data)})
+    ctx["changed"] = changed_files(ctx["manifest"], ctx["v2"])
+    prep = os.path.join(a.work, "spoke-prep")
+    remove(prep)
+    os.makedirs(prep)
+    ctx["prep"] = prep
+    t0 = time.perf_counter()
+    if "fabric" in a.tools:
+        local_store(a.python, os.path.join(prep, "hub-v1"), "bench", ctx["v1"])
+        ctx["template_v1"] = os.path.join(prep, "hub-v1")
+    if a.listing:
+        ctx["tree"] = ensure_flat_tree(a.python, a.tree_files, a.seed)
+        ctx["tree_files"] = a.tree_files
+        local_store(a.python, os.path.join(prep, "hub-tree"), "tree", ctx["tree"])
+        ctx["list_hub"] = Hub(a.python, os.path.join(prep, "hub-tree"))
+    modules = {"v1": (ctx["v1"], True), "v2": (ctx["v2"], True)}
+    if a.listing:
+        modules["tree"] = (ctx["tree"], True)
+    ctx["rsyncd"] = RsyncDaemon(os.path.join(prep, "rsyncd"), modules)
+    if "rclone" in a.tools:
+        ctx["moto"] = Moto(a.python, os.path.join(prep, "moto"))
+        env = rclone_env({"moto": ctx["moto"].url})
+        for ver in ("v1", "v2"):
+            run(["rclone", "mkdir", f"moto:bench-{ver}"], env=env)
+            run(["rclone", "copy", ctx[ver], f"moto:bench-{ver}"], env=env)
+    print(f"prepared in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+
+
+def teardown(ctx: dict) -> None:
+    for key in ("list_hub", "rsyncd", "moto"):
+        if key in ctx:
+            ctx[key].stop()
+    if "prep" in ctx:
+        remove(ctx["prep"])
+
+
+def run_rounds(a: argparse.Namespace, ctx: dict) -> tuple[list[dict], list[dict]]:
+    rounds, listings = [], []
+    for r in range(a.runs):
+        order = a.tools if r % 2 == 0 else a.tools[::-1]
+        got = {"round": r, "load_before": loadavg(), "order": order}
+        for tool in order:
+            if tool == "fabric":
+                got[tool] = with_retries(fabric_round, a, ctx, r)
+            elif tool == "rclone":
+                got[tool] = with_retries(rclone_round, a, ctx, r)
+            else:
+                got[tool] = with_retries(rsync_round, a, ctx, r, tool == "rsync-z")
+            print(f"round {r} {tool}: " + ", ".join(
+                f"{v} {got[tool][v]['wire']['total'] / MiB:.2f} MiB in {got[tool][v]['wall']:.1f}s" for v in ("v1", "v2")),
+                file=sys.stderr, flush=True)
+        got["load_after"] = loadavg()
+        rounds.append(got)
+        if a.listing:
+            lst = with_retries(listing_round, a, ctx, r)
+            lst["load"] = loadavg()
+            listings.append(lst)
+            c = lst["cold"]
+            print(f"round {r} listing: cold {c['upstream_requests']} upstream requests, {c['wall']:.1f}s; "
+                  f"warm {lst['warm']['wall']:.1f}s; rsync {lst['rsync']['wall']:.1f}s", file=sys.stderr, flush=True)
+    return rounds, listings
+
+
+def summarize(rounds: list[dict], listings: list[dict], manifest: dict) -> dict:
+    tools = [t for t in ("fabric", "rsync", "rsync-z", "rclone") if t in rounds[0]]
+    size = {"v1": manifest["v1"]["bytes"], "v2": manifest["v2"]["bytes"]}
+    s: dict = {"tools": {}}
+    for t in tools:
+        s["tools"][t] = {}
+        for v in [v for v in ("v1", "v2", "v2-warm") if v in rounds[0][t]]:
+            rows = [r[t][v] for r in rounds]
+            x = {
+                "wire_total": median([w["wire"]["total"] for w in rows]),
+                "wire_up": median([w["wire"]["up"] for w in rows]),
+                "wire_down": median([w["wire"]["down"] for w in rows]),
+                "wire_min": min(w["wire"]["total"] for w in rows),
+                "wire_max": max(w["wire"]["total"] for w in rows),
+                "connections": median([w["wire"]["connections"] for w in rows]),
+                "wall": median([w["wall"] for w in rows]),
+                "wall_min": min(w["wall"] for w in rows),
+                "wall_max": max(w["wall"] for w in rows),
+                "cpu": median([w["cpu"] for w in rows]),
+                "server_cpu": median([w["wire"]["server_cpu"] for w in rows]),
+                "mb_per_s": median([size[v[:2]] / w["wall"] / MB for w in rows]),
+            }
+            if t == "fabric":
+                x["upstream_requests"] = median([w["upstream_requests"] for w in rows])
+            s["tools"][t][v] = x
+    s["ratios"] = {}
+    for peer in tools[1:]:
+        s["ratios"][peer] = {
+            v: {"bytes": median([r["fabric"][v]["wire"]["total"] / r[peer][v]["wire"]["total"] for r in rounds]),
+                "time": median([r["fabric"][v]["wall"] / r[peer][v]["wall"] for r in rounds])}
+            for v in ("v1", "v2")
+        }
+    if listings:
+        s["listing"] = {
+            phase: {
+                "wall": median([x[phase]["wall"] for x in listings]),
+                "wall_min": min(x[phase]["wall"] for x in listings),
+                "wall_max": max(x[phase]["wall"] for x in listings),
+                "upstream_requests": median([x[phase]["upstream_requests"] for x in listings]),
+                "wire_total": median([x[phase]["wire"]["total"] for x in listings]),
+                "connections": median([x[phase]["wire"]["connections"] for x in listings]),
+                "cpu": median([x[phase]["cpu"] for x in listings]),
+                "server_cpu": median([x[phase]["wire"]["server_cpu"] for x in listings]),
+            }
+            for phase in ("cold", "warm")
+        }
+        s["listing"]["rsync"] = {
+            "wall": median([x["rsync"]["wall"] for x in listings]),
+            "wire_total": median([x["rsync"]["wire"]["total"] for x in listings]),
+            "connections": median([x["rsync"]["wire"]["connections"] for x in listings]),
+        }
+        s["listing"]["cli_startup"] = median([x["cli_startup"] for x in listings])
+    return s
+
+
+def novel_bytes(manifest: dict) -> int:
+    """A floor for any v2 update: bytes of v2 that occur nowhere in v1 (new files + the edited ranges)."""
+    p = manifest["params"]
+    return p["new"] * p["file_size"] + len(manifest["edited"]) * p["edit_size"]
+
+
+def render(results: dict) -> str:
+    s, m, a, mach = results["summary"], results["manifest"], results["args"], results["machine"]
+    lines = [
+        (f"- date: {mach['date']}; machine: {mach.get('host_cpus')} CPUs ({mach.get('cpu', '?')}), {mach.get('mem_gib', '?')} GiB; "
+        f"fabric {mach['fabric_commit']}; {mach.get('rsync', '')}; {mach.get('rclone', '')}; moto {mach.get('moto', '?')}"),
+        "- load average (1/5/15 min) per round, before -> after: "
+        + "; ".join(f"{r['load_before']} -> {r['load_after']}" for r in results["rounds"]),
+        (f"- data: v1 = {m['v1']['files']} files, {m['v1']['bytes'] / MiB:.0f} MiB; v2 = {m['v2']['files']} files, "
+        f"{m['v2']['bytes'] / MiB:.0f} MiB ({len(m['edited'])} edited by {m['params']['edit_size']} B, {m['params']['new']} new, "
+        f"{len(m['renamed'])} renamed, {len(m['duplicated'])} duplicated); bytes of v2 found nowhere in v1: "
+        f"{novel_bytes(m) / MiB:.2f} MiB"),
+        (f"- link: WanProxy, RTT {a['rtt_ms']:g} ms, {a['rate_mbit']:g} Mbit/s each way, one-RTT TCP handshake; "
+        "bytes = TCP payload both ways at the proxy (HTTP/rsync/S3 protocol included)"),
+        (f"- {a['runs']} round(s), fresh hub store + cold spoke cache ({a['cache_size']}) / empty destination per round; "
+        "medians (min..max); time = whole client process"),
+        f"- command: `{results['command']}`",
+        "",
+        "| tool | phase | wire MiB (up / down) | TCP conns | wall s | MB/s | client CPU s | server CPU s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for t, per in s["tools"].items():
+        for v, x in per.items():
+            lines.append(
+                f"| {t} | {v} | {x['wire_total'] / MiB:.2f} ({x['wire_up'] / MiB:.2f} / {x['wire_down'] / MiB:.2f}) | "
+                f"{x['connections']:.0f} | {x['wall']:.2f} ({x['wall_min']:.2f}..{x['wall_max']:.2f}) | {x['mb_per_s']:.0f} | "
+                f"{x['cpu']:.2f} | {x['server_cpu']:.2f} |"
+            )
+    lines.append("")
+    if "fabric" in s["tools"]:
+        f = s["tools"]["fabric"]
+        lines.append(f"- fabric upstream requests (spoke stats): v1 {f['v1']['upstream_requests']:.0f}, "
+                     f"v2 {f['v2']['upstream_requests']:.0f}; server CPU = spoke + hub; `v2-warm` = v2 exported again "
+                     "from the now-warm spoke (no WAN bytes): the local share of the v2 export's time")
+        for peer, r in s["ratios"].items():
+            goal = ""
+            if peer in ("rsync", "rsync-z"):
+                goal = f" (goal < 1.0: {'met' if r['v2']['bytes'] < 1.0 else 'MISSED'})"
+            elif peer == "rclone":
+                goal = f" (goal <= 0.2: {'met' if r['v2']['bytes'] <= 0.2 else 'MISSED'})"
+            lines.append(f"- fabric / {peer}: v2 bytes **{r['v2']['bytes']:.3f}x**{goal}, v1 bytes {r['v1']['bytes']:.2f}x; "
+                         f"time v1 {r['v1']['time']:.2f}x, v2 {r['v2']['time']:.2f}x (<1: fabric faster)")
+    if "listing" in s:
+        L = s["listing"]
+        lines += [
+            "",
+            (f"Listing one directory of {results['listings'][0]['files']:,} files through a cold spoke "
+            f"(`fabric --server SPOKE ls tree@main d0000`, {a['rtt_ms']:g} ms RTT):"),
+            "",
+            "| what | upstream requests | wire MiB | TCP conns | wall s | client CPU s | server CPU s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for phase in ("cold", "warm"):
+            x = L[phase]
+            lines.append(f"| fabric ls, {phase} spoke | {x['upstream_requests']:.0f} | {x['wire_total'] / MiB:.2f} | "
+                         f"{x['connections']:.0f} | {x['wall']:.2f} ({x['wall_min']:.2f}..{x['wall_max']:.2f}) | "
+                         f"{x['cpu']:.2f} | {x['server_cpu']:.2f} |")
+        x = L["rsync"]
+        lines.append(f"| rsync --list-only (reference) | - | {x['wire_total'] / MiB:.2f} | {x['connections']:.0f} | "
+                     f"{x['wall']:.2f} | - | - |")
+        lines += [
+            "",
+            (f"- cold listing: **{L['cold']['upstream_requests']:.0f} round trips** to the hub (goal < 50: "
+            f"{'met' if L['cold']['upstream_requests'] < 50 else 'MISSED'}); `fabric --version` alone takes "
+            f"{L['cli_startup']:.2f} s (interpreter + CLI start-up, included in every fabric wall time)"),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", help="versions data set (default: generated under bench/work/data/)")
+    p.add_argument("--quick", action="store_true", help="1/10 data set, 10,000-file directory, 1 round")
+    p.add_argument("--runs", type=int, default=None, help="rounds (default 3, quick 1)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--work", default=os.path.join(WORK, "stores"))
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--rtt-ms", type=float, default=50.0)
+    p.add_argument("--rate-mbit", type=float, default=1000.0)
+    p.add_argument("--cache-size", default="4GiB")
+    p.add_argument("--tools", default="fabric,rsync,rsync-z,rclone", help="comma-separated subset")
+    p.add_argument("--tree-files", type=int, default=None, help="files in the listed directory (default 100,000; quick 10,000)")
+    p.add_argument("--no-listing", dest="listing", action="store_false")
+    p.add_argument("--json-out")
+    p.add_argument("--md-out")
+    a = p.parse_args(argv)
+    a.tools = [t for t in a.tools.split(",") if t]
+    a.runs = a.runs or (1 if a.quick else 3)
+    a.tree_files = a.tree_files or (10_000 if a.quick else 100_000)
+    for tool in ("rsync", "rclone"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} is not on PATH")
+    os.makedirs(a.work, exist_ok=True)
+    data = a.dataset or ensure_versions(a.python, a.quick, a.seed)
+    info = machine()
+    info["rsync"] = run(["rsync", "--version"]).splitlines()[0]
+    info["rclone"] = run(["rclone", "version"]).splitlines()[0]
+    info["moto"] = run([a.python, "-c", "import moto; print(moto.__version__)"]).strip()
+    ctx: dict = {}
+    try:
+        prepare(a, data, ctx)
+        warm_page_cache(ctx["v1"], ctx["v2"])
+        rounds, listings = run_rounds(a, ctx)
+    finally:
+        teardown(ctx)
+    results = {
+        "machine": info, "args": vars(a),
+        "manifest": {k: ctx["manifest"][k] for k in ("params", "v1", "v2", "edited", "renamed", "duplicated")},
+        "rounds": rounds, "listings": listings, "summary": summarize(rounds, listings, ctx["manifest"]),
+        "command": shlex.join(["python", "bench/bench_spoke.py", *(argv if argv is not None else sys.argv[1:])]),
+    }
+    md = render(results)
+    if a.json_out:
+        save_json(a.json_out, results)
+    if a.md_out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.md_out)), exist_ok=True)
+        with open(a.md_out, "w") as f:
+            f.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
