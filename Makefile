@@ -45,7 +45,7 @@ $(STAMP): pyproject.toml
 	  echo "venv: $(VENV) is broken, recreating"; rm -rf '$(VENV)'; fi
 	@if [ ! -x '$(VPY)' ]; then echo "venv: creating $(VENV) with $(PY)"; \
 	  '$(PY)' -m venv '$(VENV)'; fi
-	'$(VPY)' -m pip install $(PIP_FLAGS) -q -e '.[test]'
+	'$(VPY)' -m pip install $(PIP_FLAGS) -q -e '.[test,torch]'
 	@touch '$@'
 
 $(S3TOOLS)/.stamp:
