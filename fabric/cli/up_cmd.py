@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,14 @@ def _service_commands(base: str, host: str) -> list[tuple[str, str, list[str]]]:
         ("hub", hub_url, hub),
         ("spoke", f"http://{host}:8700", [*spoke, "--listen", f"{host}:8700", "--s3-listen", f"{host}:8701"]),
     ]
+
+
+def _require_free(url: str) -> None:
+    """Refuse to start where something already listens (its health check would fool us)."""
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if s.connect_ex((host, int(port))) == 0:
+            raise click.ClickException(f"{host}:{port} is already in use (another `fabric up`?); stop it first")
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -66,6 +75,8 @@ def up(base: str, host: str) -> None:
     try:
         token = ""
         for name, url, argv in _service_commands(base, host):
+            for address in (url, url[:-1] + "1"):  # the REST and S3 listeners
+                _require_free(address)
             env = dict(os.environ, FABRIC_TOKEN=token)
             proc = subprocess.Popen([sys.executable, "-m", "fabric.cli.main", *argv], env=env)
             procs.append(proc)
