@@ -1,0 +1,52 @@
+"""What every fabric service app has: REST v1 over a plane, errors, /healthz, /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from fastapi import FastAPI
+from prometheus_client import Gauge
+
+from .. import __version__
+from ..auth import Principal
+from .errors import install_error_handlers
+from .metrics import Metrics, MetricsMiddleware
+from .rest import PlaneGetter, build_router
+
+
+def service_app(
+    role: str,
+    description: str,
+    get_plane: PlaneGetter,
+    authenticate: Callable[..., Principal],
+    gauge_name: str,
+    gauge_values: Callable[[], Mapping[str, object]],
+    health: Callable[[], dict],
+) -> FastAPI:
+    """A service's ASGI app; callers add their own routers before serving it.
+
+    ``gauge_values`` feeds the ``gauge_name`` gauge (numeric values only) on each
+    scrape; ``health`` adds fields to ``/healthz`` (and raises when unhealthy).
+    """
+    app = FastAPI(title=f"fabric {role}", version=__version__, description=description)
+    install_error_handlers(app)
+    app.include_router(build_router(get_plane, authenticate))
+
+    metrics = Metrics(role)
+    gauge = Gauge(gauge_name, f"fabric {role} sizes and counters", ["what"], registry=metrics.registry)
+
+    def collect() -> None:
+        for key, value in gauge_values().items():
+            if isinstance(value, (int, float)):
+                gauge.labels(key).set(value)
+
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> dict:
+        return {"status": "ok", "role": role, "version": __version__, **health()}
+
+    @app.get("/metrics", tags=["service"], include_in_schema=False)
+    def metrics_endpoint():  # noqa: ANN202 - a plain-text Response
+        return metrics.response(collect)
+
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
