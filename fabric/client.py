@@ -40,7 +40,13 @@ _BY_STATUS: dict[int, type[errors.FabricError]] = {
     412: errors.PreconditionFailed,
     416: errors.RangeNotSatisfiable,
     503: errors.Unavailable,
+    507: errors.StorageFull,
 }
+
+
+def durability_header(durability: str | None) -> dict[str, str]:
+    """The request header that asks a spoke for a durability level (none: the server's default)."""
+    return {"X-Fabric-Durability": durability} if durability is not None else {}
 
 
 def raise_for_error(response: httpx.Response) -> None:
@@ -255,9 +261,7 @@ class HttpPlane(DataPlane):
         meta: Mapping[str, str] | None = None,
         durability: str | None = None,
     ) -> Entry:
-        headers = {"X-Fabric-Mode": f"{mode:o}", "Content-Type": "application/octet-stream"}
-        if durability is not None:
-            headers["X-Fabric-Durability"] = durability
+        headers = {"X-Fabric-Mode": f"{mode:o}", "Content-Type": "application/octet-stream", **durability_header(durability)}
         if mtime_ns is not None:
             headers["X-Fabric-Mtime-Ns"] = str(mtime_ns)
         for key, value in (meta or {}).items():
@@ -271,28 +275,34 @@ class HttpPlane(DataPlane):
             self._json("PUT", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, content=body(), headers=headers)
         )
 
-    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
+    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> None:
         self._call(
-            "POST", f"/repos/{repo}/branches/{branch}/entries", content=pack_changes(dict(changes)), headers={"Content-Type": MSGPACK}
+            "POST",
+            f"/repos/{repo}/branches/{branch}/entries",
+            content=pack_changes(dict(changes)),
+            headers={"Content-Type": MSGPACK, **durability_header(durability)},
         )
 
-    def delete_object(self, repo: str, branch: str, path: str) -> None:
-        self._call("DELETE", f"/repos/{repo}/branches/{branch}/objects", params={"path": path})
+    def delete_object(self, repo: str, branch: str, path: str, durability: str | None = None) -> None:
+        self._call("DELETE", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, headers=durability_header(durability))
 
     def discard(self, repo: str, branch: str) -> None:
         self._call("DELETE", f"/repos/{repo}/branches/{branch}/changes")
 
     # -- chunk exchange ------------------------------------------------------------
-    def missing_chunks(self, ids: Sequence[bytes]) -> list[bytes]:
+    def missing_chunks(self, ids: Sequence[bytes], durability: str | None = None) -> list[bytes]:
         out: list[bytes] = []
         unique = list(dict.fromkeys(ids))
+        headers = durability_header(durability)
         for i in range(0, len(unique), MISSING_BATCH):
             batch = [c.hex() for c in unique[i : i + MISSING_BATCH]]
-            out.extend(bytes.fromhex(c) for c in self._json("POST", "/chunks/missing", json={"ids": batch})["missing"])
+            reply = self._json("POST", "/chunks/missing", json={"ids": batch}, headers=headers)
+            out.extend(bytes.fromhex(c) for c in reply["missing"])
         return out
 
-    def receive_pack(self, data: bytes) -> tuple[int, int]:
-        r = self._json("POST", "/chunks/packs", content=data, headers={"Content-Type": "application/octet-stream"})
+    def receive_pack(self, data: bytes, durability: str | None = None) -> tuple[int, int]:
+        headers = {"Content-Type": "application/octet-stream", **durability_header(durability)}
+        r = self._json("POST", "/chunks/packs", content=data, headers=headers)
         return r["chunks"], r["new"]
 
     def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:

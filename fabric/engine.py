@@ -471,8 +471,8 @@ class Engine(DataPlane):
         self.stage(repo, branch, {path: entry})
         return self.normalize(entry)
 
-    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
-        """Stage entries (``None`` deletes) whose chunks are already stored."""
+    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> None:
+        """Stage entries (``None`` deletes) whose chunks are already stored (hub-durable)."""
         for path in changes:
             check_path(path)
         self._require_chunks(changes.values())
@@ -483,7 +483,7 @@ class Engine(DataPlane):
     def _normalized(self, changes: Mapping[str, Entry | None]) -> dict[str, Entry | None]:
         return {path: self.normalize(entry) for path, entry in changes.items()}
 
-    def delete_object(self, repo: str, branch: str, path: str) -> None:
+    def delete_object(self, repo: str, branch: str, path: str, durability: str | None = None) -> None:
         check_path(path)
         view = self.resolve(repo, branch)
         if view.branch is None:
@@ -498,10 +498,11 @@ class Engine(DataPlane):
         self.catalog.move_branch(repo, branch, head, head, clear_staging=True)
 
     # -- chunk exchange ------------------------------------------------------
-    def missing_chunks(self, ids: Sequence[bytes]) -> list[bytes]:
+    # The hub's store is every durability level at once.
+    def missing_chunks(self, ids: Sequence[bytes], durability: str | None = None) -> list[bytes]:
         return self.chunks.missing(ids)
 
-    def receive_pack(self, data: bytes) -> tuple[int, int]:
+    def receive_pack(self, data: bytes, durability: str | None = None) -> tuple[int, int]:
         return self.chunks.receive_pack(data)
 
     def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:

@@ -104,3 +104,11 @@ class Unavailable(FabricError):
     status = 503
     code = "unavailable"
     exit_code = 7
+
+
+class StorageFull(FabricError):
+    """No room left to keep data that must be kept (a spoke's pinned, not yet pushed writes)."""
+
+    status = 507
+    code = "insufficient_storage"
+    exit_code = 7

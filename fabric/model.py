@@ -17,6 +17,8 @@ import msgpack
 FILE = "file"
 DIR = "dir"
 SYMLINK = "symlink"
+#: The mode of a directory that has no entry of its own (it exists because paths run through it).
+DEFAULT_DIR_MODE = 0o755
 _KIND_CODES = {FILE: 0, DIR: 1, SYMLINK: 2}
 _KIND_NAMES = {v: k for k, v in _KIND_CODES.items()}
 

@@ -176,22 +176,26 @@ class DataPlane(abc.ABC):
         (a spoke may queue it on its own disk); ``None`` is the plane's default."""
 
     @abc.abstractmethod
-    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
-        """Stage entries whose chunks are stored (``None`` deletes)."""
+    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> None:
+        """Stage entries whose chunks are stored (``None`` deletes), durable at ``durability``
+        (as in :meth:`put_object`)."""
 
     @abc.abstractmethod
-    def delete_object(self, repo: str, branch: str, path: str) -> None: ...
+    def delete_object(self, repo: str, branch: str, path: str, durability: str | None = None) -> None: ...
 
     @abc.abstractmethod
     def discard(self, repo: str, branch: str) -> None:
         """Drop a branch's uncommitted changes."""
 
     # -- chunk exchange ------------------------------------------------------
+    # ``durability`` says where the chunks must be stored: ``local`` lets a spoke keep
+    # them on its own disk (pinned until the writes that use them reach the hub).
     @abc.abstractmethod
-    def missing_chunks(self, ids: Sequence[bytes]) -> list[bytes]: ...
+    def missing_chunks(self, ids: Sequence[bytes], durability: str | None = None) -> list[bytes]:
+        """Which of ``ids`` are not stored (at the level ``durability`` asks)."""
 
     @abc.abstractmethod
-    def receive_pack(self, data: bytes) -> tuple[int, int]:
+    def receive_pack(self, data: bytes, durability: str | None = None) -> tuple[int, int]:
         """Verify and store a pack of frames: ``(chunks, new chunks)``; refused whole if any frame is bad."""
 
     @abc.abstractmethod

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .errors import BadRequest, NotFound
 from .ingest import Ingester, file_entry
-from .model import DIR, FILE, SYMLINK, Commit, Entry
+from .model import DEFAULT_DIR_MODE, DIR, FILE, SYMLINK, Commit, Entry
 from .paths import check_path
 from .plane import DataPlane
 from .progress import Progress
@@ -64,7 +64,8 @@ def normalize_prefix(prefix: str) -> str:
 
 
 def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Iterator[LocalItem]:
-    """Files, symlinks and empty directories under ``root`` (unordered)."""
+    """Files, symlinks, and the directories that need an entry of their own (unordered):
+    empty ones, and those whose mode is not :data:`DEFAULT_DIR_MODE`."""
     stack = [(root, prefix)]
     while stack:
         dir_abs, dir_rel = stack.pop()
@@ -72,9 +73,11 @@ def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Itera
             entries = list(os.scandir(dir_abs))
         except PermissionError as exc:
             raise BadRequest(f"cannot read directory {dir_abs!r}: {exc.strerror}") from exc
-        if not entries and dir_rel and dir_rel != prefix:
+        if dir_rel and dir_rel != prefix:
             st = os.lstat(dir_abs)
-            yield LocalItem(dir_rel.rstrip("/"), dir_abs, DIR, 0, stat_mod.S_IMODE(st.st_mode), st.st_mtime_ns)
+            mode = stat_mod.S_IMODE(st.st_mode)
+            if not entries or mode != DEFAULT_DIR_MODE:
+                yield LocalItem(dir_rel.rstrip("/"), dir_abs, DIR, 0, mode, st.st_mtime_ns)
         for de in entries:
             rel = dir_rel + de.name
             try:
@@ -251,13 +254,16 @@ def export_tree(
     result = ExportResult()
     progress.start(sum(e.size for _, e in items if e.kind == FILE), "B", "export")
 
+    def local_path(path: str) -> str:
+        return os.path.join(dest, path[len(prefix) :])
+
     def write(path: str, entry: Entry) -> None:
-        target = os.path.join(dest, path[len(prefix) :])
+        target = local_path(path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         if entry.kind == DIR:
             os.makedirs(target, exist_ok=True)
-            os.chmod(target, entry.mode)
-        elif entry.kind == SYMLINK:
+            return  # mode and time once its contents are written
+        if entry.kind == SYMLINK:
             if os.path.lexists(target):
                 os.unlink(target)
             os.symlink(entry.target, target)
@@ -282,6 +288,11 @@ def export_tree(
     with ThreadPoolExecutor(WORKERS) as pool:
         for _ in pool.map(lambda it: write(*it), items):
             pass
+    # Deepest first: a directory's time is set after its children changed it, and a
+    # read-only mode cannot stop its own children from being written.
+    for path, entry in sorted(((p, e) for p, e in items if e.kind == DIR), key=lambda it: it[0].count("/"), reverse=True):
+        os.chmod(local_path(path), entry.mode)
+        os.utime(local_path(path), ns=(entry.mtime_ns, entry.mtime_ns))
     progress.close()
     for _, entry in items:
         if entry.kind == FILE:

@@ -53,7 +53,10 @@ branch when a file is closed or fsynced, and when it is renamed; other
 changes (mkdir, rm, mv, chmod, chown, touch, ln -s) are staged at once.
 Staged changes become a commit with `fabric commit REPO@BRANCH -m MSG`, or
 by --commit-interval / --commit-on-unmount. fsync returns once the data is
-durable at --durability.
+durable at --durability: with `local` (mounting a spoke) once the spoke has
+it on disk, even while the hub is away, and the spoke pushes it to the hub
+in the background; with `hub` once the hub has stored it. Mounting a hub,
+both mean the hub.
 
 The mount outlives its server: while the server restarts, requests wait
 and resume; after --server-timeout seconds without it they fail with EIO,

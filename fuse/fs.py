@@ -60,10 +60,11 @@ from fabric.errors import (
     InvalidPath,
     NotFound,
     RangeNotSatisfiable,
+    StorageFull,
     Unauthorized,
 )
 from fabric.lru import BytesLRU
-from fabric.model import DIR, FILE, SYMLINK, Entry
+from fabric.model import DEFAULT_DIR_MODE, DIR, FILE, SYMLINK, Entry
 from fabric.paths import check_path
 
 from .cache import DiskCache
@@ -125,6 +126,8 @@ def fs_errno(exc: BaseException) -> int:
         return errno.EIO
     if isinstance(exc, NotFound):
         return errno.ENOENT
+    if isinstance(exc, StorageFull):
+        return errno.ENOSPC
     if isinstance(exc, InvalidPath):
         if "longer than" in exc.message:
             return errno.ENAMETOOLONG
@@ -224,7 +227,7 @@ class FabricFS(mfusepy.Operations):
         self.memory = BytesLRU(config.memory_cache)
         self.fetcher = Fetcher(plane, self.health, self.memory, disk, config.fetch_workers)
         mtime_ns = int(commit_time * 1e9)
-        self.implicit = Entry(DIR, 0, 0o755, mtime_ns, uid=config.uid, gid=config.gid)
+        self.implicit = Entry(DIR, 0, DEFAULT_DIR_MODE, mtime_ns, uid=config.uid, gid=config.gid)
         self.mu = threading.RLock()  # namespace changes of a --rw mount
         self.ns = Namespace(
             plane,
@@ -235,7 +238,7 @@ class FabricFS(mfusepy.Operations):
             None if self.immutable else config.attr_timeout,
             self.mu if self.writable else None,
         )
-        self.root = {"mode": 0o755, "uid": config.uid, "gid": config.gid, "mtime": mtime_ns, "ctime": mtime_ns, "atime": mtime_ns}
+        self.root = {"mode": DEFAULT_DIR_MODE, "uid": config.uid, "gid": config.gid, "mtime": mtime_ns, "ctime": mtime_ns, "atime": mtime_ns}
         self.handles: dict[int, RHandle | WHandle] = {}
         self.dir_handles: dict[int, str] = {}
         self.dir_snapshots: dict[int, list] = {}

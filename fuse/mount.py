@@ -73,8 +73,7 @@ def open_plane(server: str, token: str | None, durability: str):
 
 def resolve_target(plane, repo: str, ref: str, writable: bool) -> tuple[bool, str, float]:
     """``(is_branch, commit_id, commit_time)`` of REPO@REF; errors a person can act on."""
-    plane.get_repo(repo)
-    is_branch = any(b["name"] == ref for b in plane.list_branches(repo))
+    is_branch = any(b["name"] == ref for b in plane.list_branches(repo))  # NotFound for an unknown repository
     if writable and not is_branch:
         raise BadRequest(f"--rw needs a branch: {ref!r} is not a branch of {repo!r} (commits and tags are read-only)")
     commit_id = plane.resolve_commit(repo, ref)

@@ -25,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fabric.errors import StorageFull
+
 WINDOW_FRACTION = 0.10
 DEAD_AFTER_BUDGETS = 2
 
@@ -35,7 +37,7 @@ class _Item:
     last: int  # read clock at the last access
 
 
-class CacheFull(Exception):
+class CacheFull(StorageFull):
     """Pinned blobs fill the budget; nothing more can be pinned."""
 
 

@@ -34,6 +34,8 @@ class _Ref:
     commit: str
     fetched: float
     by_event: float = 0.0
+    #: Set by a listing that no event of the stream has been matched to yet (see ``_apply``).
+    from_listing: bool = False
 
 
 class RefTracker:
@@ -53,6 +55,9 @@ class RefTracker:
         self.seq: int | None = None
         self._last_heard = 0.0
         self._connected_since: float | None = None
+        # When the stream first spoke: it carries every change after that (reconnections resume
+        # at ``seq``), so only refs listed since then are kept current by it alone.
+        self._origin: float | None = None
         self._stop = threading.Event()
         self.events = 0
         self._thread = threading.Thread(target=self._run, name="watch", daemon=True)
@@ -92,6 +97,8 @@ class RefTracker:
             self._last_heard = now
             if self._connected_since is None:
                 self._connected_since = now
+            if self._origin is None:
+                self._origin = now
 
     def _apply(self, event: dict) -> None:
         self.events += 1
@@ -108,6 +115,11 @@ class RefTracker:
             else:
                 if kind == "branch":
                     self._generation[(repo, name)] = self._generation.get((repo, name), 0) + 1
+                current = self._refs.get((repo, kind, name))
+                if current is not None and current.from_listing and current.commit not in (event["old"], new):
+                    # The stream can lag behind a listing: an event that neither led to the listed
+                    # commit nor starts from it came before the listing, which already holds it.
+                    return
                 self._set((repo, kind, name), _Ref(new, now, now) if new is not None else None)
 
     def live(self) -> bool:
@@ -125,7 +137,8 @@ class RefTracker:
             live = self._connected_since is not None and now - self._last_heard < STREAM_SILENCE_LIMIT
             listed = self._listed.get(repo)
             authoritative = live and listed is not None and listed >= (self._connected_since or now)
-        if hit is not None and (live or now - hit.fetched < self.lease):
+            followed = live and hit is not None and self._origin is not None and hit.fetched >= self._origin
+        if hit is not None and (followed or now - hit.fetched < self.lease):
             return hit.commit, False
         if hit is None and authoritative:
             return None, False
@@ -145,7 +158,6 @@ class RefTracker:
         with self.traffic.purpose(METADATA):
             branches = self.upstream.list_branches(repo)
             tags = self.upstream.list_tags(repo)
-        now = time.monotonic()
         with self._lock:
             fresh = {(repo, "branch", b["name"]): b["commit_id"] for b in branches}
             fresh.update({(repo, "tag", t["name"]): t["commit_id"] for t in tags})
@@ -155,8 +167,15 @@ class RefTracker:
             for key, commit in fresh.items():
                 old = self._refs.get(key)
                 if old is None or old.by_event < started:
-                    self._set(key, _Ref(commit, now))
+                    # Fresh as of ``started`` at least (the hub listed it after that).
+                    self._set(key, _Ref(commit, started, from_listing=True))
             self._listed[repo] = started
+
+    def known(self, repo: str, kind: str) -> list[dict]:
+        """``[{name, commit_id}]``: the refs of one kind last seen in ``repo`` (answers while the hub is away)."""
+        with self._lock:
+            found = [(n, r.commit) for (rp, k, n), r in self._refs.items() if rp == repo and k == kind]
+        return [{"name": n, "commit_id": c} for n, c in sorted(found)]
 
     def note(self, repo: str, kind: str, name: str, commit: str | None) -> None:
         """Record a ref change this spoke made itself (read-your-writes before the event arrives)."""

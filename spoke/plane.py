@@ -14,7 +14,7 @@ import bisect
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 import httpx
@@ -186,7 +186,16 @@ class SpokePlane(DataPlane):
         return self.view(repo, ref)[0].commit_id
 
     def list_branches(self, repo: str) -> list[dict]:
-        return self.upstream.list_branches(repo)
+        return self._refs_or_known(repo, "branch", self.upstream.list_branches)
+
+    def _refs_or_known(self, repo: str, kind: str, fetch: Callable[[str], list[dict]]) -> list[dict]:
+        """The hub's list of refs; while it is away, the refs this spoke last saw of a repository it knows."""
+        try:
+            return fetch(repo)
+        except Unavailable:
+            if not self.tracker.known(repo, "branch"):
+                raise
+            return self.tracker.known(repo, kind)
 
     def create_branch(self, repo: str, name: str, source: str) -> dict:
         info = self.upstream.create_branch(repo, name, source)
@@ -203,7 +212,7 @@ class SpokePlane(DataPlane):
         return info
 
     def list_tags(self, repo: str) -> list[dict]:
-        return self.upstream.list_tags(repo)
+        return self._refs_or_known(repo, "tag", self.upstream.list_tags)
 
     def create_tag(self, repo: str, name: str, ref: str) -> dict:
         info = self.upstream.create_tag(repo, name, ref)
@@ -372,17 +381,59 @@ class SpokePlane(DataPlane):
         for c in builder.chunks:
             self.chunk_cache.put(c.id, data[c.offset : c.offset + c.length])
 
-    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
-        self.upstream.stage(repo, branch, changes)
+    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> None:
+        if self._durability(durability) == LOCAL:
+            for path in changes:
+                check_path(path)
+            self._require_branch(repo, branch)
+            self._hold_chunks(repo, branch, changes)
+            self.writeback.enqueue(repo, branch, changes)
+            return
+        self.upstream.stage(repo, branch, changes, HUB)
         self.staging.invalidate(repo, branch)
 
-    def delete_object(self, repo: str, branch: str, path: str) -> None:
+    def _hold_chunks(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
+        """Pin the chunks that queued entries need until they reach the hub.
+
+        A chunk is either in this cache (uploaded here, or fetched from the hub), or
+        already used at one of the paths changed (a chmod, a rename), or the hub must
+        say it has it. BadRequest when nobody has it: the write would be lost."""
+        needed = {cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks}
+        unknown = [cid for cid in needed if not self.chunk_cache.pin(cid)]
+        if unknown:
+            in_use = self._chunks_at(repo, branch, changes)
+            unknown = [cid for cid in unknown if cid not in in_use]
+        if unknown:
+            try:
+                lost = self.upstream.missing_chunks(unknown, HUB)
+            except Unavailable as exc:
+                raise Unavailable(
+                    f"{len(unknown)} chunk(s) of this write are neither in the spoke's cache nor known to be at the hub, "
+                    f"which cannot be asked now ({exc.message}); upload them to the spoke first"
+                ) from exc
+            if lost:
+                raise BadRequest(f"chunk {lost[0].hex()} ({len(lost)} in all) is not stored: upload it before staging entries that use it")
+
+    def _chunks_at(self, repo: str, branch: str, paths: Iterable[str]) -> set[bytes]:
+        """Chunk ids of the files now at ``paths`` on the branch (those this spoke can see)."""
+        view = self.view(repo, branch)[0]
+        out: set[bytes] = set()
+        for path in paths:
+            try:
+                current = self.reader.stat(view, path)
+                if current is not None and current.kind == FILE:
+                    out.update(cid for cid, _ in self.reader.chunk_list(current))
+            except Unavailable:
+                continue
+        return out
+
+    def delete_object(self, repo: str, branch: str, path: str, durability: str | None = None) -> None:
         check_path(path)
-        if self.durability == LOCAL:
+        if self._durability(durability) == LOCAL:
             self.stat(repo, branch, path)  # NotFound if absent
             self.writeback.enqueue(repo, branch, {path: None})
             return
-        self.upstream.delete_object(repo, branch, path)
+        self.upstream.delete_object(repo, branch, path, HUB)
         self.staging.invalidate(repo, branch)
 
     def discard(self, repo: str, branch: str) -> None:
@@ -390,11 +441,22 @@ class SpokePlane(DataPlane):
         self.staging.invalidate(repo, branch)
 
     # -- chunk exchange ------------------------------------------------------
-    def missing_chunks(self, ids: Sequence[bytes]) -> list[bytes]:
-        return self.upstream.missing_chunks(ids)
+    def missing_chunks(self, ids: Sequence[bytes], durability: str | None = None) -> list[bytes]:
+        if self._durability(durability) == LOCAL:
+            return [cid for cid in dict.fromkeys(ids) if cid not in self.chunk_cache]
+        return self.upstream.missing_chunks(ids, HUB)
 
-    def receive_pack(self, data: bytes) -> tuple[int, int]:
-        return self.upstream.receive_pack(data)
+    def receive_pack(self, data: bytes, durability: str | None = None) -> tuple[int, int]:
+        if self._durability(durability) == LOCAL:
+            # Verified whole before anything is kept; pinned (and fsynced) until the writes
+            # that use these chunks reach the hub.
+            chunks = packs.verify_pack(data)
+            new = 0
+            for c in chunks:
+                new += c.id not in self.chunk_cache
+                self.chunk_cache.put(c.id, data[c.offset : c.offset + c.length], pin=True)
+            return len(chunks), new
+        return self.upstream.receive_pack(data, HUB)
 
     def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
         return self.fetcher.frames_for(list(ids))

@@ -71,7 +71,8 @@ class Spoke:
         return argv + list(self.args)
 
     # -- lifecycle ---------------------------------------------------------------
-    def _launch(self) -> None:
+    def start(self) -> None:
+        """Start the spoke process (again, after :meth:`stop` or :meth:`kill`) and wait until it is healthy."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.argv(),
@@ -97,7 +98,7 @@ class Spoke:
     def restart(self, kill: bool = False) -> None:
         """Stop (SIGTERM, or SIGKILL with ``kill``) and start again on the same cache and port."""
         self.kill() if kill else self.stop()
-        self._launch()
+        self.start()
 
     # -- talking to it -------------------------------------------------------------
     def client(self, token: str | None | bool = True, **kwargs) -> httpx.Client:
@@ -180,7 +181,7 @@ def start_spoke(
         env=env,
     )
     try:
-        spoke._launch()
+        spoke.start()
         yield spoke
     finally:
         if spoke.proc is not None:

@@ -56,6 +56,7 @@ def make_source(root: str, seed: int = 1) -> None:
     os.chmod(f"{root}/a/small.txt", 0o600)
     os.chmod(f"{root}/top.bin", 0o755)
     os.chmod(f"{root}/empty/inner", 0o750)  # an empty directory: import records it (with its mode)
+    os.chmod(f"{root}/a/b", 0o700)  # so is a directory with files whose mode is not 755
     os.symlink("../top.bin", f"{root}/a/link-to-top")
     os.symlink("dangling/target", f"{root}/a/dangling")
     t = 1_600_000_000_123_456_789

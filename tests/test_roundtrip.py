@@ -81,6 +81,10 @@ def edge_case_tree(root: str) -> None:
     os.chmod(f"{root}/empty-700", 0o700)
     os.utime(f"{root}/empty-700", ns=(_mt(15), _mt(15)))
     os.utime(f"{root}/empty-dir", ns=(_mt(16), _mt(16)))
+    # Directories with files and a mode of their own: recorded, mode and mtime restored.
+    os.chmod(f"{root}/multi", 0o750)
+    os.utime(f"{root}/multi", ns=(_mt(17), _mt(17)))
+    os.chmod(f"{root}/long", 0o555)
 
 
 def test_edge_cases_round_trip(engine: Engine, tmp_path) -> None:

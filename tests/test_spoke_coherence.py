@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from fabric.client import HttpPlane
 from fabric.wanproxy import WanProxy
+from spoke.coherence import RefTracker
+from spoke.state import SpokeState
+from spoke.traffic import Traffic
 from tests.hubserver import Hub, unique_name
 from tests.spokeserver import Spoke, random_bytes, start_spoke, wait_for
 
@@ -172,3 +177,67 @@ def test_a_file_opened_before_a_commit_reads_the_old_content_to_the_end(
         r = c.get(f"/api/v1/repos/{repo}/refs/main/objects", params={"path": "big.bin"})
         assert r.headers["x-fabric-commit"] == c2
         assert hashlib.sha256(r.content).digest() == hashlib.sha256(new).digest()
+
+
+@pytest.mark.slow
+def test_a_commit_made_while_the_spoke_was_down_is_seen_once_it_is_back(hub: Hub, tmp_path) -> None:
+    """Refs a spoke remembers across a restart are only a fallback for when the hub is away:
+    the watch stream starts at "now" and cannot tell of a commit made while the spoke was down."""
+    plane = hub.plane()
+    repo = unique_name("gap")
+    plane.create_repo(repo)
+    plane.put_object(repo, "main", "seed", io.BytesIO(b"seed"))
+    first = plane.commit(repo, "main", "seed").id
+    plane.create_tag(repo, "stable", first)
+    with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token, lease=600) as spoke:
+        wait_for(lambda: spoke.healthz()["hub_stream_live"], timeout=20)
+        assert head_at(spoke, repo) == (first, "false")
+        assert head_at(spoke, repo, "stable") == (first, "false")
+        spoke.stop()
+        second = plane.commit(repo, "main", "while the spoke was down", allow_empty=True).id
+        plane.delete_tag(repo, "stable")
+        plane.create_tag(repo, "stable", second)
+        spoke.start()
+        wait_for(lambda: spoke.healthz()["hub_stream_live"], timeout=20)
+        assert head_at(spoke, repo) == (second, "false")
+        assert head_at(spoke, repo, "stable") == (second, "false")
+
+
+def _watch_once(hub: Hub, **params: object) -> list[dict]:
+    """The lines the hub's watch stream has for these parameters now."""
+    with hub.client() as c:
+        r = c.get("/api/v1/watch", params={**params, "once": "true"})
+        r.raise_for_status()
+        return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def _events_since(hub: Hub, seq: int, repo: str) -> list[dict]:
+    """The ref events of ``repo`` after ``seq``, as the stream sends them."""
+    return [e for e in _watch_once(hub, since=seq, repo=repo) if e.get("repo") == repo]
+
+
+def test_events_that_arrive_after_a_listing_which_holds_them_do_not_move_a_ref_back(hub: Hub, tmp_path) -> None:
+    """The watch stream can lag behind a direct listing of refs (a busy spoke, a slow stream):
+    replaying the events that led to the listed head must leave the head where it is."""
+    plane = hub.plane()
+    repo = unique_name("late")
+    start = _watch_once(hub)[0]["seq"]  # the stream's position now (its first heartbeat)
+    plane.create_repo(repo)  # an event: main -> the "Repository created" commit
+    plane.put_object(repo, "main", "seed", io.BytesIO(b"seed"))
+    first = plane.commit(repo, "main", "seed").id
+    late = _events_since(hub, start, repo)
+    assert [e["new"] for e in late if e["kind"] == "branch"][-1] == first and len(late) >= 3
+    tracker = RefTracker(HttpPlane(hub.url, hub.token), Traffic(), SpokeState(str(tmp_path)), lease=600)
+    tracker.refresh(repo)
+    assert tracker.ref(repo, "branch", "main") == (first, False)
+    for event in late:  # delivered only now, after the listing
+        tracker._apply(event)
+        assert tracker.ref(repo, "branch", "main") == (first, False), event
+    # Changes after the listing move it.
+    second = plane.commit(repo, "main", "next", allow_empty=True).id
+    third = plane.commit(repo, "main", "after", allow_empty=True).id
+    news = [e for e in _events_since(hub, late[-1]["seq"], repo) if e["kind"] == "branch"]
+    assert [e["new"] for e in news] == [second, third]
+    for event in news:
+        tracker._apply(event)
+        assert tracker.ref(repo, "branch", "main") == (event["new"], False)

@@ -16,6 +16,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from fabric import frames, packs
+from fabric.chunking import chunk_id
+from fabric.client import UPLOAD_PACK_SIZE
+from fabric.errors import BadRequest, Unavailable
+from fabric.ingest import PackSession, file_entry, ingest_stream
+from fabric.model import Entry
 from tests.hubserver import unique_name
 from tests.spokeserver import (
     RestartableHub,
@@ -223,3 +229,80 @@ def test_hub_durability_is_the_default_and_fails_clearly_when_the_hub_is_away(
         assert r.status_code == 503
         assert "hub" in r.json()["error"]["message"]
         assert spoke.stats()["writeback_pending"] == 0
+
+
+def _local_upload(sp, data: bytes) -> Entry:
+    """Chunk ``data`` and upload what the spoke lacks with local durability; the file entry."""
+    sink = PackSession(
+        lambda ids: sp.missing_chunks(ids, "local"),
+        lambda builder: sp.receive_pack(builder.finish(), "local"),
+        UPLOAD_PACK_SIZE,
+    )
+    chunks, md5 = ingest_stream(io.BytesIO(data), sink)
+    sink.close()
+    return file_entry(chunks, md5)
+
+
+@pytest.mark.slow
+def test_chunk_exchange_and_staging_with_local_durability_queue_at_the_spoke(outage) -> None:
+    """What a mount does (missing chunks, packs, entries), asking ``local``: kept on the
+    spoke's disk while the hub is away, landed once when it returns."""
+    hub, spoke = outage
+    plane = hub.plane()
+    repo = unique_name("localx")
+    plane.create_repo(repo)
+    keep, cold = random_bytes(600_000, 11), random_bytes(700_000, 12)
+    plane.put_object(repo, "main", "keep.bin", io.BytesIO(keep))
+    plane.put_object(repo, "main", "cold.bin", io.BytesIO(cold))
+    plane.commit(repo, "main", "base")
+    sp = spoke.plane()
+    cold_entry = sp.stat_chunks(repo, "main", "cold.bin")  # metadata cached; its bytes never fetched
+    hub.kill()
+    time.sleep(LEASE + 0.5)
+
+    new = random_bytes(3_000_000, 13)
+    chunked = PackSession(lambda ids: list(ids), lambda b: None, UPLOAD_PACK_SIZE)
+    ids = [cid for cid, _ in ingest_stream(io.BytesIO(new), chunked)[0]]
+    assert sp.missing_chunks(ids, "local") == list(dict.fromkeys(ids))
+    # Staging before the chunks are anywhere: refused (the hub cannot vouch for them), nothing queued.
+    premature = file_entry([(cid, 0) for cid in ids], "0" * 32)
+    with pytest.raises(Unavailable, match="neither in the spoke's cache"):
+        sp.stage(repo, "main", {"new.bin": premature}, "local")
+    assert spoke.stats()["writeback_pending"] == 0
+
+    entry = _local_upload(sp, new)
+    assert sp.missing_chunks(ids, "local") == []
+    # A new file, a rename of a file whose bytes this spoke never held, a delete.
+    sp.stage(repo, "main", {"new.bin": entry, "cold.bin": None, "moved/cold.bin": cold_entry}, "local")
+    sp.delete_object(repo, "main", "keep.bin", "local")
+    assert spoke.stats()["writeback_pending"] == 4
+    assert sp.read(repo, "main", "new.bin") == new
+    assert [p for p, _ in sp.walk(repo, "main")] == ["moved/cold.bin", "new.bin"]
+
+    spoke.restart(kill=True)  # queued writes and their pinned chunks survive kill -9
+    assert sp.read(repo, "main", "new.bin") == new
+    hub.start()
+    wait_for(lambda: spoke.stats()["writeback_pending"] == 0, timeout=45, interval=0.2)
+    changes = {ch.path: ch.kind for ch in plane.uncommitted(repo, "main")}
+    assert changes == {"new.bin": "added", "cold.bin": "removed", "moved/cold.bin": "added", "keep.bin": "removed"}
+    assert plane.read(repo, "main", "new.bin") == new
+    assert plane.read(repo, "main", "moved/cold.bin") == cold
+
+    # An entry whose chunks nobody holds, with the hub up: 400, nothing queued or staged.
+    with pytest.raises(BadRequest, match="is not stored"):
+        sp.stage(repo, "main", {"ghost.bin": file_entry([(b"\x01" * 32, 10)], "0" * 32)}, "local")
+    assert spoke.stats()["writeback_pending"] == 0
+    assert "ghost.bin" not in {ch.path for ch in plane.uncommitted(repo, "main")}
+    # Packs with a bad frame, or not packs at all: refused whole, nothing pinned.
+    good, bad = random_bytes(5000, 14), random_bytes(5000, 15)
+    builder = packs.PackBuilder()
+    builder.add(chunk_id(good), frames.encode(good))
+    builder.add(chunk_id(bad), frames.encode(bad))
+    pack = bytearray(builder.finish())
+    pack[builder.chunks[1].offset + 40] ^= 0xFF
+    pinned = spoke.stats()["cache_pinned_bytes"]
+    for refused in (bytes(pack), b"not a pack at all" * 100):
+        with pytest.raises(BadRequest, match="pack"):
+            sp.receive_pack(refused, "local")
+    assert spoke.stats()["cache_pinned_bytes"] == pinned
+    assert sp.missing_chunks([chunk_id(good)], "local") == [chunk_id(good)]

@@ -57,6 +57,13 @@ class RefInfo(BaseModel):
     commit_id: str
 
 
+#: ``X-Fabric-Durability`` on a write: how stored it must be before the reply (DESIGN §3).
+Durability = Annotated[
+    Literal["hub", "local"] | None,
+    Header(description="hub: stored at the hub before the reply; local: a spoke may keep it on its own disk and push it later"),
+]
+
+
 class BranchCreate(BaseModel):
     name: str
     source: str = Field(description="branch, tag or commit to start from")
@@ -491,9 +498,7 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         who: Caller,
         x_fabric_mode: Annotated[str | None, Header(description="octal permission bits, e.g. 644")] = None,
         x_fabric_mtime_ns: Annotated[int | None, Header(ge=-(2**63), le=2**63 - 1)] = None,
-        x_fabric_durability: Annotated[
-            Literal["hub", "local"] | None, Header(description="hub: stored at the hub; local: a spoke may queue it")
-        ] = None,
+        x_fabric_durability: Durability = None,
     ) -> dict:
         """Upload a file to a branch (streamed; uncommitted until a commit).
         ``X-Fabric-Meta-*`` headers become user metadata."""
@@ -514,18 +519,18 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         return entry_json(path, entry)
 
     @router.delete("/repos/{repo}/branches/{branch}/objects", status_code=204, tags=["objects"])
-    def delete_object(repo: str, branch: str, path: str, who: Caller) -> Response:
+    def delete_object(repo: str, branch: str, path: str, who: Caller, x_fabric_durability: Durability = None) -> Response:
         who.require(repo, "write")
-        plane().delete_object(repo, branch, path)
+        plane().delete_object(repo, branch, path, x_fabric_durability)
         return Response(status_code=204)
 
     @router.post("/repos/{repo}/branches/{branch}/objects/delete", response_model=DeleteResult, tags=["objects"])
-    def delete_objects(repo: str, branch: str, body: PathList, who: Caller) -> DeleteResult:
+    def delete_objects(repo: str, branch: str, body: PathList, who: Caller, x_fabric_durability: Durability = None) -> DeleteResult:
         who.require(repo, "write")
         deleted, errors = [], []
         for path in body.paths:
             try:
-                plane().delete_object(repo, branch, path)
+                plane().delete_object(repo, branch, path, x_fabric_durability)
                 deleted.append(path)
             except FabricError as exc:
                 errors.append({"path": path, "code": exc.code, "message": exc.message})
@@ -546,19 +551,19 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         tags=["objects"],
         openapi_extra={"requestBody": {"content": {MSGPACK: {"schema": {"type": "string", "format": "binary"}}}, "required": True}},
     )
-    async def stage_entries(repo: str, branch: str, request: Request, who: Caller) -> Response:
+    async def stage_entries(repo: str, branch: str, request: Request, who: Caller, x_fabric_durability: Durability = None) -> Response:
         """Stage entries (msgpack ``{changes: {path: entry|null}}``) whose chunks are stored."""
         who.require(repo, "write")
         changes, _ = unpack_changes(await _body(request, MAX_CHANGES_BYTES))
-        await anyio.to_thread.run_sync(lambda: plane().stage(repo, branch, changes))
+        await anyio.to_thread.run_sync(lambda: plane().stage(repo, branch, changes, x_fabric_durability))
         return Response(status_code=204)
 
     # -- chunk exchange ------------------------------------------------------------
     @router.post("/chunks/missing", response_model=MissingChunks, tags=["chunks"])
-    def missing(body: ChunkIds, who: Caller) -> MissingChunks:
-        """Which of these chunk ids (hex) the server lacks."""
+    def missing(body: ChunkIds, who: Caller, x_fabric_durability: Durability = None) -> MissingChunks:
+        """Which of these chunk ids (hex) the server lacks (at the durability asked)."""
         _require_any(who, "write")
-        return MissingChunks(missing=[c.hex() for c in plane().missing_chunks(hex_ids(body.ids))])
+        return MissingChunks(missing=[c.hex() for c in plane().missing_chunks(hex_ids(body.ids), x_fabric_durability)])
 
     @router.post(
         "/chunks/packs",
@@ -566,12 +571,12 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         tags=["chunks"],
         openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}, "required": True}},
     )
-    async def upload_pack(request: Request, who: Caller) -> PackResult:
+    async def upload_pack(request: Request, who: Caller, x_fabric_durability: Durability = None) -> PackResult:
         """Store a pack of frames; every frame is verified before anything is indexed."""
         _require_any(who, "write")
         data = await _body(request, MAX_PACK_BYTES)
         try:
-            chunks, new = await anyio.to_thread.run_sync(lambda: plane().receive_pack(data))
+            chunks, new = await anyio.to_thread.run_sync(lambda: plane().receive_pack(data, x_fabric_durability))
         except Corruption as exc:
             # The client sent bad bytes: its error (400), not the server's (500).
             raise BadRequest(f"pack refused, nothing from it was stored: {exc.message}") from exc

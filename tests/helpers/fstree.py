@@ -21,6 +21,8 @@ from collections.abc import Iterable
 
 import blake3
 
+from fabric.model import DEFAULT_DIR_MODE
+
 BLOCK = 1 << 20
 
 
@@ -41,8 +43,8 @@ def snapshot(root: str, hash_content: bool = True) -> dict[str, tuple]:
     while stack:
         rel_dir, abs_dir = stack.pop()
         entries = list(os.scandir(abs_dir))
-        if not entries and rel_dir:
-            st = os.lstat(abs_dir)
+        st = os.lstat(abs_dir)
+        if rel_dir and (not entries or stat.S_IMODE(st.st_mode) != DEFAULT_DIR_MODE):
             out[rel_dir] = ("dir", stat.S_IMODE(st.st_mode), st.st_mtime_ns)
         for de in entries:
             rel = f"{rel_dir}/{de.name}" if rel_dir else de.name
