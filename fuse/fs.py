@@ -67,9 +67,8 @@ from fabric.lru import BytesLRU
 from fabric.model import DEFAULT_DIR_MODE, DIR, FILE, SYMLINK, Entry
 from fabric.paths import check_path
 
-from .cache import DiskCache
 from .namespace import Namespace, split
-from .reader import Fetcher, FileReader
+from .reader import Fetcher, FileReader, chunk_disk_cache
 from .retry import Health, ServerGone
 from .stats import Stats
 from .writer import WFile
@@ -223,7 +222,7 @@ class FabricFS(mfusepy.Operations):
         self.stats = Stats()
         self.read_bytes = 0
         self.health = Health(config.server_timeout)
-        disk = DiskCache(config.cache_dir, config.cache_size) if config.cache_dir else None
+        disk = chunk_disk_cache(config.cache_dir, config.cache_size) if config.cache_dir else None
         self.memory = BytesLRU(config.memory_cache)
         self.fetcher = Fetcher(plane, self.health, self.memory, disk, config.fetch_workers)
         mtime_ns = int(commit_time * 1e9)

@@ -19,10 +19,11 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from fabric import frames
+from fabric.chunking import chunk_id
+from fabric.diskcache import DiskCache
 from fabric.errors import Corruption
 from fabric.lru import BytesLRU
 
-from .cache import DiskCache
 from .retry import Health
 
 log = logging.getLogger("fabric.fuse")
@@ -34,6 +35,11 @@ BATCH_IDS = 512
 WHOLE_FILE = 2 * 1024 * 1024
 #: The readahead window starts here and doubles with each sequential read.
 FIRST_WINDOW = 1024 * 1024
+
+
+def chunk_disk_cache(root: str, budget: int) -> DiskCache:
+    """The ``--cache-dir`` of a mount: raw chunks, each checked against its id when read back."""
+    return DiskCache(root, budget, lambda cid, data: chunk_id(data) == cid)
 
 
 class Fetcher:

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
 from fabric import frames
+from fabric.diskcache import DiskCache
 from fabric.errors import Corruption, FabricError, NotFound
 
-from .cache import DiskCache
 from .traffic import DEMAND, PREFETCH, Traffic
 
 #: Priority classes, most urgent first.

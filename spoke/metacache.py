@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from fabric.diskcache import DiskCache
 from fabric.errors import BadRequest, Corruption, ObjectNotFound
 from fabric.metastore import MetaStore, decode_object
 
-from .cache import DiskCache
 from .traffic import METADATA, Traffic
 
 GetObjects = Callable[[Sequence[str]], dict[str, bytes]]

@@ -21,6 +21,7 @@ import httpx
 
 from fabric import frames, packs
 from fabric.client import UPLOAD_PACK_SIZE, HttpPlane
+from fabric.diskcache import DiskCache
 from fabric.errors import BadRequest, FabricError, NotFound, Unavailable
 from fabric.ingest import PackSession, file_entry, ingest_stream
 from fabric.listing import Change, Listing, change_kind
@@ -32,7 +33,6 @@ from fabric.reader import Reader, View
 from fabric.refs import parse_ref
 from fabric.tree import Trees
 
-from .cache import DiskCache
 from .coherence import RefTracker, StagingCache
 from .fetch import READAHEAD, FetchScheduler
 from .metacache import SpokeMetaStore
@@ -47,6 +47,11 @@ LOCAL = "local"
 META_SHARE = 0.1
 #: How long answers about repositories and bucket bindings are reused without asking the hub.
 ANSWER_TTL = 30.0
+
+
+def _frame_intact(_chunk_id: bytes, frame: bytes) -> bool:
+    """A cached frame is read back only if its checksum holds (its id was checked when it arrived)."""
+    return frames.verify_checksum(frame)
 
 
 class OverlayStaging:
@@ -96,7 +101,7 @@ class SpokePlane(DataPlane):
         self.writeback = open_writeback(cache_dir)
         meta_budget = max(1 << 20, int(cache_size * META_SHARE))
         self.chunk_cache = DiskCache(
-            os.path.join(cache_dir, "chunks"), cache_size - meta_budget, frames.verify_checksum, self.writeback.pinned_chunks()
+            os.path.join(cache_dir, "chunks"), cache_size - meta_budget, _frame_intact, self.writeback.pinned_chunks()
         )
         self.meta_cache = DiskCache(os.path.join(cache_dir, "meta"), meta_budget)
         self.meta = SpokeMetaStore(self.meta_cache, self.upstream.get_objects, self.traffic)

@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 from fabric import packs
 from fabric.client import HttpPlane
+from fabric.diskcache import DiskCache
 from fabric.errors import FabricError, Unavailable
 from fabric.model import FILE, Entry
 
-from .cache import DiskCache
 from .traffic import PUSH, Traffic
 
 log = logging.getLogger("fabric.spoke")

@@ -10,7 +10,7 @@ import pytest
 
 from fabric import frames
 from fabric.chunking import chunk_id
-from spoke.cache import CacheFull, DiskCache
+from fabric.diskcache import CacheFull, DiskCache
 
 KiB = 1024
 
@@ -270,7 +270,7 @@ def test_restart_with_a_smaller_budget_trims_but_keeps_pins(tmp_path) -> None:
 
 # -- verification --------------------------------------------------------------
 def test_corrupt_frame_is_dropped_and_counted(tmp_path) -> None:
-    cache = DiskCache(str(tmp_path / "c"), 1 << 20, frames.verify_checksum)
+    cache = DiskCache(str(tmp_path / "c"), 1 << 20, lambda _id, frame: frames.verify_checksum(frame))
     raw = b"some text that compresses " * 400
     cid = chunk_id(raw)
     frame = frames.encode(raw)
@@ -309,3 +309,17 @@ def test_file_deleted_behind_the_cache_is_a_miss(tmp_path) -> None:
     assert cache.get(key("a")) is None
     assert key("a") not in cache
     assert cache.used == 0
+
+
+def test_a_blob_that_cannot_be_written_is_not_cached_but_a_pinned_one_raises(tmp_path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 1 << 20)
+    data = b"x" * 1000
+    key = chunk_id(data)
+    (tmp_path / "c" / key.hex()[:2]).write_bytes(b"a file where the blob's directory should be")
+    assert cache.put(key, data) is False  # a cache miss later, not an error now
+    assert key not in cache and cache.get(key) is None
+    with pytest.raises(OSError):
+        cache.put(key, data, pin=True)  # a pinned blob must be kept: the caller hears of it
+    assert key not in cache
+    stats = cache.stats()
+    assert stats["cache_bytes"] == stats["cache_pinned_bytes"] == 0

@@ -18,7 +18,7 @@ from fabric import frames
 from fabric.chunking import chunk_id
 from fabric.client import HttpPlane
 from fabric.errors import Corruption, FabricError, NotFound
-from spoke.cache import DiskCache
+from fabric.diskcache import DiskCache
 from spoke.fetch import BACKGROUND, DEMAND_PRIORITY, FetchScheduler
 from spoke.traffic import CountingTransport, Traffic
 from tests.hubserver import Hub, unique_name
@@ -103,7 +103,7 @@ def scheduler(
 ) -> FetchScheduler:
     return FetchScheduler(
         fetch,
-        DiskCache(str(tmp_path / "chunks"), budget, frames.verify_checksum),
+        DiskCache(str(tmp_path / "chunks"), budget, lambda _id, frame: frames.verify_checksum(frame)),
         traffic,
         workers,
     )

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from fabric.transfer import import_directory
+from fabric.wanproxy import WanProxy
 from tests.fuse_helpers import (
     diff_snapshots,
     fabric,
@@ -263,3 +264,27 @@ def test_foreground_mount_and_umount(hub, tmp_path):
         force_unmount(str(mp))
         if proc.poll() is None:
             proc.kill()
+
+
+def test_cache_dir_serves_a_remount_and_drops_a_damaged_chunk(committed, tmp_path):
+    """--cache-dir keeps chunks across mounts: a second mount reads them from disk, not the
+    server; a cached chunk damaged on disk is not served but fetched again."""
+    hub, repo, commit, src = committed
+    cache = tmp_path / "chunk-cache"
+    opts = ("--cache-dir", str(cache), "--cache-size", "256M")
+    want = snapshot(src)
+    with WanProxy("127.0.0.1", int(hub.url.rsplit(":", 1)[1])) as wan:
+        with mounted(wan.url_for(), hub.token, f"{repo}@{commit}", tmp_path / "m1", *opts) as mnt:
+            assert not diff_snapshots(want, snapshot(mnt))
+        cold = wan.stats().bytes_down
+        cached = sorted((p for p in cache.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+        assert sum(p.stat().st_size for p in cached) == sum(v[2] for v in want.values() if v[0] == "file")  # every chunk
+        damaged = cached[-1]
+        good = damaged.read_bytes()
+        damaged.write_bytes(good[:1000] + bytes([good[1000] ^ 0xFF]) + good[1001:])
+
+        with mounted(wan.url_for(), hub.token, f"{repo}@{commit}", tmp_path / "m2", *opts) as mnt:
+            assert not diff_snapshots(want, snapshot(mnt))
+        warm = wan.stats().bytes_down - cold
+    assert damaged.read_bytes() == good  # fetched again, and cached again intact
+    assert len(good) <= warm < cold / 4, (warm, cold)

@@ -1,4 +1,5 @@
-"""The spoke's on-disk cache of immutable blobs (chunk frames, metadata objects).
+"""An on-disk cache of immutable blobs named by their content: a spoke's chunk
+frames and metadata objects, a mount's chunks (``--cache-dir``).
 
 - **Budget**: the bytes of cached files never exceed ``budget``; space is made
   before a file is written, under one lock.
@@ -12,13 +13,18 @@
   hit nothing; a new working set still replaces a dead one.
 - **Pins**: pinned blobs (unflushed writes) are never evicted; they count
   against the budget.
-- **Verification**: frames are checked against their xxh3 checksum on every
-  read; a corrupt file is dropped (and counted) and the caller refetches.
+- **Verification**: ``verify(key, data)`` runs on every read (a frame's xxh3
+  checksum, a chunk's id); a corrupt file is dropped (and counted) and the
+  caller fetches the blob again.
+- **Failures**: a blob that cannot be written (disk full, I/O error) is just
+  not cached; only pinned blobs, which must be kept, raise.
 - **Restart**: blobs on disk are indexed again at start-up.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -26,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fabric.errors import StorageFull
+
+log = logging.getLogger("fabric.cache")
 
 WINDOW_FRACTION = 0.10
 DEAD_AFTER_BUDGETS = 2
@@ -43,7 +51,11 @@ class CacheFull(StorageFull):
 
 class DiskCache:
     def __init__(
-        self, root: str, budget: int, verify: Callable[[bytes], bool] | None = None, pinned: set[bytes] = frozenset()
+        self,
+        root: str,
+        budget: int,
+        verify: Callable[[bytes, bytes], bool] | None = None,
+        pinned: set[bytes] = frozenset(),
     ) -> None:
         self.root = root
         self.budget = budget
@@ -135,7 +147,7 @@ class DiskCache:
         except FileNotFoundError:
             self._forget(key)
             return None
-        if len(data) != item.size or (self._verify is not None and not self._verify(data)):
+        if len(data) != item.size or (self._verify is not None and not self._verify(key, data)):
             self.corruptions += 1
             self._forget(key, unlink=True)
             return None
@@ -187,6 +199,12 @@ class DiskCache:
             return False
         try:
             self._write(key, data, durable or pin)
+        except OSError as exc:
+            self._forget(key)
+            if durable or pin:
+                raise
+            log.warning("cache %s: cannot store %s (%s); not cached", self.root, key.hex(), exc)
+            return False
         finally:
             with self._lock:
                 self._writing.discard(key)
@@ -280,21 +298,24 @@ class DiskCache:
                 self._unlink(key)  # under the lock: the bytes are free only once the file is gone
 
     def _unlink(self, key: bytes) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # no such file
             os.unlink(self._path(key))
-        except FileNotFoundError:
-            pass
 
     def _write(self, key: bytes, data: bytes, durable: bool) -> None:
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{os.path.dirname(path)}/.tmp-{os.getpid()}-{threading.get_ident()}-{key.hex()[:16]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         if durable:
             fd = os.open(os.path.dirname(path), os.O_RDONLY)
             try:
