@@ -4,7 +4,7 @@
 #   bash bench/run_all.sh                 # full size: 1.25 GiB v1/v2, 100,000-file tree, 3 rounds + 1 warm-up
 #   bash bench/run_all.sh --quick         # 1/10 data set, 5,000-file tree, 1 round, no warm-up (smoke test)
 #   bash bench/run_all.sh --runs 5        # more counted rounds
-#   bash bench/run_all.sh --only ingest   # or: --only commit
+#   bash bench/run_all.sh --only ingest   # or: --only commit|remote|spoke|checkpoint
 #   bash bench/run_all.sh --rev HEAD      # measure a committed revision: `git archive` of it into
 #                                         # bench/work/src/<rev>/, immune to edits of the working tree
 #   bash bench/run_all.sh --priority      # on a shared machine: run in a new session whose scheduler
@@ -130,6 +130,17 @@ if [ -z "$only" ] || [ "$only" = spoke ]; then
   "$PYTHON" "$here/bench_spoke.py" --dataset "$vdir" --work "$work/stores" --runs "$runs" --seed "$SEED" --python "$PYTHON" "${vargs[@]}" \
     --json-out "$out/spoke.json" --md-out "$out/spoke.md" >/dev/null
   { echo "## Reads through a spoke over a WAN (vs rsync and rclone)"; echo; cat "$out/spoke.md"; echo; } | tee -a "$out/report.md"
+fi
+
+# --only checkpoint: checkpoint writes through a spoke mount over a WAN vs rclone mount and the local disk (FUSE, rclone)
+if [ -z "$only" ] || [ "$only" = checkpoint ]; then
+  if ! command -v rclone >/dev/null || ! command -v fusermount3 >/dev/null || [ ! -e /dev/fuse ]; then
+    echo "run_all.sh: the checkpoint benchmark needs rclone, fusermount3 and /dev/fuse; skipping it" >&2
+  else
+    "$PYTHON" "$here/bench_checkpoint.py" --work "$work/stores" --runs "$runs" --python "$PYTHON" "${vargs[@]}" \
+      --json-out "$out/checkpoint.json" --md-out "$out/checkpoint.md" >/dev/null
+    { echo "## Checkpoint writes through a spoke mount over a WAN (vs rclone mount and local disk)"; echo; cat "$out/checkpoint.md"; echo; } | tee -a "$out/report.md"
+  fi
 fi
 
 echo "figures: $out/" >&2

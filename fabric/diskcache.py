@@ -24,11 +24,12 @@ frames and metadata objects, a mount's chunks (``--cache-dir``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from fabric.errors import StorageFull
@@ -165,8 +166,22 @@ class DiskCache:
         return data
 
     # -- writing -------------------------------------------------------------
-    def put(self, key: bytes, data: bytes, pin: bool = False, durable: bool = False) -> bool:
-        """Cache a blob; returns False when it was not kept (too big for the window)."""
+    def put(self, key: bytes, data: bytes, pin: bool = False) -> bool:
+        """Cache a blob; returns False when it was not kept (too big for the window, or
+        not writable). A pinned blob is on disk for good (fsynced) when this returns."""
+        return self._store(key, data, pin, durable=pin)
+
+    def put_pinned(self, blobs: Iterable[tuple[bytes, bytes]]) -> int:
+        """Pin a batch of blobs, on disk for good when this returns: one sync of the file
+        system for the batch, not an fsync per blob. How many were not cached before."""
+        new = 0
+        for key, data in blobs:
+            new += key not in self
+            self._store(key, data, pin=True, durable=False)
+        sync_filesystem(self.root)
+        return new
+
+    def _store(self, key: bytes, data: bytes, pin: bool, durable: bool) -> bool:
         size = len(data)
         with self._lock:
             if key in self._pinned or key in self._writing:
@@ -198,10 +213,10 @@ class DiskCache:
         if not kept:
             return False
         try:
-            self._write(key, data, durable or pin)
+            self._write(key, data, durable)
         except OSError as exc:
             self._forget(key)
-            if durable or pin:
+            if pin:
                 raise
             log.warning("cache %s: cannot store %s (%s); not cached", self.root, key.hex(), exc)
             return False
@@ -322,3 +337,22 @@ class DiskCache:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def sync_filesystem(path: str) -> None:
+    """Make every write to the file system holding ``path`` durable: syncfs(2), where
+    the C library has it (Linux), else sync(2)."""
+    syncfs = getattr(_LIBC, "syncfs", None)
+    if syncfs is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs of {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)

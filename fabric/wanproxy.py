@@ -249,7 +249,10 @@ class _Pipe:
         if eof:
             self.done = True
             if t.can_write_eof():
-                t.write_eof()
+                try:
+                    t.write_eof()
+                except OSError:
+                    pass  # the peer is already gone: nothing left to close on its side
             self.conn.pipe_done()
             return
         self.conn.update_reading()

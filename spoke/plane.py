@@ -375,10 +375,12 @@ class SpokePlane(DataPlane):
             raise NotFound(f"branch {branch!r} does not exist in repository {repo!r}")
 
     def _pin_pack(self, builder: packs.PackBuilder) -> None:
-        """Keep a queued write's frames pinned (and fsynced) in the cache until they reach the hub."""
-        data = builder.finish()
-        for c in builder.chunks:
-            self.chunk_cache.put(c.id, data[c.offset : c.offset + c.length], pin=True)
+        self._pin_frames(builder.finish(), builder.chunks)
+
+    def _pin_frames(self, pack: bytes, chunks: Sequence[packs.PackedChunk]) -> int:
+        """Keep a pack's frames pinned (and on disk for good) in the cache until the queued
+        writes that use them reach the hub; how many were new here."""
+        return self.chunk_cache.put_pinned((c.id, pack[c.offset : c.offset + c.length]) for c in chunks)
 
     def _cache_pack(self, builder: packs.PackBuilder) -> None:
         data = builder.finish()
@@ -453,14 +455,8 @@ class SpokePlane(DataPlane):
 
     def receive_pack(self, data: bytes, durability: str | None = None) -> tuple[int, int]:
         if self._durability(durability) == LOCAL:
-            # Verified whole before anything is kept; pinned (and fsynced) until the writes
-            # that use these chunks reach the hub.
-            chunks = packs.verify_pack(data)
-            new = 0
-            for c in chunks:
-                new += c.id not in self.chunk_cache
-                self.chunk_cache.put(c.id, data[c.offset : c.offset + c.length], pin=True)
-            return len(chunks), new
+            chunks = packs.verify_pack(data)  # whole, before anything is kept
+            return len(chunks), self._pin_frames(data, chunks)
         return self.upstream.receive_pack(data, HUB)
 
     def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:

@@ -1,0 +1,645 @@
+#!/usr/bin/env python3
+"""Checkpoint writes without stalling training (issue 5): a spoke mount over a WAN vs rclone mount vs local disk.
+
+What: the time a training job waits for a checkpoint ("stall"), and the time
+until the checkpoint is safe at the hub ("at hub"), when it is written through
+a ``fabric mount --rw`` of a spoke that reaches its hub over an emulated WAN.
+
+Why: with ``--durability local`` fsync returns once the spoke's disk holds the
+data and the spoke pushes it to the hub in the background, so training should
+stall about as long as it would on a local disk, while the push to the hub
+runs at the speed of the link. ``--durability hub`` is the synchronous
+alternative; ``rclone mount --vfs-cache-mode writes`` of the hub's S3 gateway
+(rclone's own write-back cache, across the same WAN) is the peer.
+
+Setup (one run): ``fabric hub --s3-listen`` on loopback; two in-process
+:class:`fabric.wanproxy.WanProxy` links with the same RTT and rate (default
+50 ms, 200 Mbit/s each way), one in front of the hub's REST port, one in front
+of its S3 port; ``fabric spoke --hub PROXY --cache-size 4GiB``. One repository
+per system, branch ``main``.
+
+The workload, the same for every system: ``--shards`` files of ``--shard-mib``
+MiB of fresh random bytes (new bytes for every system and round, so no system
+gains from deduplication), written by one thread each in 4 MiB ``write()``
+calls, each thread fsyncs and closes its file; then a small ``.metadata.tmp``
+is written, fsynced, and renamed over ``.metadata`` (what
+torch.distributed.checkpoint's FileSystemWriter does). Each round writes into a
+fresh ``ckpt-<round>`` directory, which is created before the clock starts.
+
+Systems (order rotating round by round):
+
+- ``fabric-local``: ``fabric mount SPOKE repo@main MNT --rw --durability local``
+- ``fabric-hub``: the same with ``--durability hub``
+- ``rclone``: ``rclone mount wan:repo/main MNT --vfs-cache-mode writes
+  --vfs-write-back 1s`` through the second WAN link: close returns once
+  rclone's local cache has the file (rclone mount answers FUSE fsync without
+  doing anything, so not even that cache is on disk), and the upload starts 1 s later rather
+  than after rclone's default 5 s hold, which would only add to its figure.
+  With 0 s, rclone 1.60 starts uploading ``.metadata.tmp`` before the rename
+  arrives, then fails ("corrupted on transfer: md5 hash differ") and
+  ``.metadata`` never reaches the remote; a hold of 1 s lets the rename win.
+- ``local-disk``: a plain directory on the same disk (the floor)
+
+Figures per round:
+
+- stall: wall seconds from the first write until the rename returns;
+- at hub: seconds from the first write until the hub holds the checkpoint.
+  fabric-local: the spoke's ``GET /api/v1/stats`` reports
+  ``writeback_pending == 0`` (polled every 0.1 s); fabric-hub: equal to the
+  stall (fsync returns only once the hub has the data); rclone: every shard
+  and ``.metadata`` answer a HEAD with their size on the hub's S3 port
+  (directly, not through the WAN) and ``.metadata.tmp`` does not.
+
+After each round the checkpoint is committed at the hub and every file read
+back from that commit (or, for local-disk, from the directory) and compared by
+sha256 with what was written: a round that stored wrong bytes stops the run.
+
+    python bench/bench_checkpoint.py                                  # 4 x 64 MiB, 3 rounds (~3 min on 2 CPUs)
+    python bench/bench_checkpoint.py --shards 2 --shard-mib 8 --runs 1   # smoke test
+    python bench/bench_checkpoint.py --json-out r.json --md-out r.md
+
+Needs root or user FUSE (``/dev/fuse``, ``fusermount3``) and ``rclone`` on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+# bench_s3 also puts the repository root on sys.path, for the fabric import below.
+from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_json
+from bench_s3 import start_hub, start_spoke, stop
+
+from fabric.wanproxy import WanProxy
+
+MiB = 1024 * 1024
+WRITE_SIZE = 4 * MiB
+POLL_S = 0.1
+META_TMP, META = ".metadata.tmp", ".metadata"
+SYSTEMS = ("fabric-local", "fabric-hub", "rclone", "local-disk")
+
+
+# -- the workload ----------------------------------------------------------------------------
+@dataclass
+class Checkpoint:
+    """One checkpoint's bytes, generated before the clock starts."""
+
+    shards: dict[str, bytes]
+    metadata: bytes
+    digests: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def fresh(cls, n: int, size: int, tag: str) -> Checkpoint:
+        shards = {f"__{i}_0.distcp": os.urandom(size) for i in range(n)}
+        meta = json.dumps({"tag": tag, "shards": {k: len(v) for k, v in shards.items()}}).encode()
+        ckpt = cls(shards, meta)
+        ckpt.digests = {name: sha256(data) for name, data in ckpt.files().items()}
+        return ckpt
+
+    def files(self) -> dict[str, bytes]:
+        """What the directory holds once the checkpoint is complete."""
+        return {**self.shards, META: self.metadata}
+
+    @property
+    def shard_bytes(self) -> int:
+        return sum(len(v) for v in self.shards.values())
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_synced(path: str, data: bytes) -> None:
+    """Create ``path``, write ``data`` in WRITE_SIZE calls, fsync, close."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done : done + WRITE_SIZE])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(directory: str, ckpt: Checkpoint) -> tuple[float, float]:
+    """Write the checkpoint as torch.distributed.checkpoint does; ``(t0, stall seconds)``."""
+    names = list(ckpt.shards)
+    with ThreadPoolExecutor(len(names)) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(lambda n: write_synced(os.path.join(directory, n), ckpt.shards[n]), names))
+    write_synced(os.path.join(directory, META_TMP), ckpt.metadata)
+    os.rename(os.path.join(directory, META_TMP), os.path.join(directory, META))
+    return t0, time.perf_counter() - t0
+
+
+def wait_until(done: Callable[[], bool], t0: float, timeout: float, what: str, log: str) -> float:
+    """Seconds from ``t0`` until ``done()`` holds (polled every POLL_S); gives up after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}; the end of {log}:\n{tail(log)}")
+        time.sleep(POLL_S)
+    return time.perf_counter() - t0
+
+
+def push_timeout(ckpt: Checkpoint, rate_mbit: float) -> float:
+    """Generous bound on a push to the hub: 10x the checkpoint's time at the WAN's rate, at least 2 minutes."""
+    return max(120.0, 10 * ckpt.shard_bytes / (rate_mbit * 125_000))
+
+
+# -- the hub ---------------------------------------------------------------------------------
+class Hub:
+    """REST calls straight to the hub (loopback, not through the WAN), as its admin."""
+
+    def __init__(self, url: str, token: str) -> None:
+        import httpx
+
+        self.http = httpx.Client(base_url=url + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=120)
+
+    def create_repo(self, name: str) -> None:
+        self.http.post("/repos", json={"name": name, "default_branch": "main"}).raise_for_status()
+
+    def s3_keys(self) -> tuple[str, str]:
+        r = self.http.post("/tokens", json={"name": "bench-checkpoint-rclone", "admin": True})
+        r.raise_for_status()
+        return r.json()["s3_access_key_id"], r.json()["s3_secret_access_key"]
+
+    def commit(self, repo: str, message: str) -> str:
+        r = self.http.post(f"/repos/{repo}/branches/main/commits", json={"message": message})
+        r.raise_for_status()
+        return r.json()["id"]
+
+    def exists(self, repo: str, ref: str, path: str) -> bool:
+        r = self.http.get(f"/repos/{repo}/refs/{ref}/stat", params={"path": path})
+        if r.status_code == 404:
+            return False
+        r.raise_for_status()
+        return True
+
+    def digest(self, repo: str, ref: str, path: str) -> str:
+        h = hashlib.sha256()
+        with self.http.stream("GET", f"/repos/{repo}/refs/{ref}/objects", params={"path": path}) as r:
+            r.raise_for_status()
+            for piece in r.iter_bytes(1 << 20):
+                h.update(piece)
+        return h.hexdigest()
+
+    def verify(self, repo: str, directory: str, ckpt: Checkpoint) -> str:
+        """Commit the branch, then check every file of the checkpoint at that commit; the commit id."""
+        commit = self.commit(repo, f"bench checkpoint {directory}")
+        for name, want in ckpt.digests.items():
+            got = self.digest(repo, commit, f"{directory}/{name}")
+            if got != want:
+                raise SystemExit(f"DATA MISMATCH at the hub: {repo}@{commit}:{directory}/{name} sha256 {got}, wrote {want}")
+        if self.exists(repo, commit, f"{directory}/{META_TMP}"):
+            raise SystemExit(f"{repo}@{commit}:{directory}/{META_TMP} is still there after the rename")
+        return commit
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def tail(path: str, n: int = 3000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except OSError:
+        return "(no log)"
+
+
+# -- systems ---------------------------------------------------------------------------------
+@dataclass
+class Env:
+    """What the systems share: the servers, their URLs and credentials, the work directory."""
+
+    python: str
+    work: str
+    hub: Hub
+    hub_s3: str
+    spoke_url: str
+    token: str
+    s3_keys: tuple[str, str]
+    wan_rest: WanProxy  # in front of the hub's REST port: the spoke's link
+    wan_s3: WanProxy  # in front of the hub's S3 port: rclone's link
+    rate_mbit: float
+    rclone_write_back: str
+
+
+class System:
+    """A place to write a checkpoint to; mounted for one round at a time."""
+
+    name = ""
+    root = ""
+
+    def mount(self) -> None: ...
+
+    def unmount(self) -> dict:
+        return {}
+
+    def wan_bytes_up(self) -> int | None:
+        return None
+
+    def at_hub(self, directory: str, ckpt: Checkpoint, t0: float, stall: float) -> float | None:
+        return None
+
+    def verify(self, directory: str, ckpt: Checkpoint) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+def fusermount_lazy(mp: str) -> None:
+    if os.path.ismount(mp):
+        subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True, check=False)
+
+
+class FabricMount(System):
+    def __init__(self, env: Env, durability: str) -> None:
+        self.env, self.durability = env, durability
+        self.name = f"fabric-{durability}"
+        self.repo = f"ckpt-{self.name}"
+        base = os.path.join(env.work, self.name)
+        self.root, self.log, self.write_dir = f"{base}-mnt", f"{base}.log", f"{base}-writes"
+        self.cli = [env.python, "-m", "fabric.cli.main"]
+        env.hub.create_repo(self.repo)
+
+    def mount_cmd(self, token: str) -> list[str]:
+        return [*self.cli, "mount", self.env.spoke_url, f"{self.repo}@main", self.root, "--rw", "--durability",
+                self.durability, "--token", token, "--write-dir", self.write_dir, "--log-file", self.log]
+
+    def describe(self) -> str:
+        return " ".join(self.mount_cmd("TOKEN")).replace(self.env.python, "python")
+
+    def mount(self) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        os.makedirs(self.write_dir, exist_ok=True)
+        p = subprocess.run(self.mount_cmd(self.env.token), env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, text=True, check=False)
+        if p.returncode != 0 or not os.path.ismount(self.root):
+            fusermount_lazy(self.root)
+            raise SystemExit(f"fabric mount failed (exit {p.returncode}): {p.stderr[-2000:]}\nlog:\n{tail(self.log)}")
+
+    def unmount(self) -> dict:
+        t0 = time.perf_counter()
+        subprocess.run([*self.cli, "umount", self.root, "--timeout", "300"], env=fabric_env(), cwd=FABRIC_SRC,
+                       capture_output=True, check=False)
+        fusermount_lazy(self.root)
+        return {"umount_s": time.perf_counter() - t0}
+
+    def wan_bytes_up(self) -> int:
+        return self.env.wan_rest.bytes_up
+
+    def pending(self) -> int:
+        import httpx
+
+        r = httpx.get(self.env.spoke_url + "/api/v1/stats", headers={"Authorization": f"Bearer {self.env.token}"}, timeout=30)
+        r.raise_for_status()
+        return int(r.json()["writeback_pending"])
+
+    def at_hub(self, directory: str, ckpt: Checkpoint, t0: float, stall: float) -> float:
+        if self.durability == "hub":
+            if self.pending():
+                raise SystemExit("fabric-hub: the spoke still has writes queued after fsync with --durability hub")
+            return stall
+        return wait_until(lambda: self.pending() == 0, t0, push_timeout(ckpt, self.env.rate_mbit), "the spoke's write-back to reach the hub",
+                          os.path.join(self.env.work, "spoke.log"))
+
+    def verify(self, directory: str, ckpt: Checkpoint) -> str:
+        return self.env.hub.verify(self.repo, directory, ckpt)
+
+
+class RcloneMount(System):
+    name = "rclone"
+
+    def __init__(self, env: Env) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.env = env
+        self.repo = "ckpt-rclone"
+        base = os.path.join(env.work, self.name)
+        self.root, self.log, self.cache = f"{base}-mnt", f"{base}.log", f"{base}-cache"
+        self.proc: subprocess.Popen | None = None
+        env.hub.create_repo(self.repo)
+        ak, sk = env.s3_keys
+        self.s3 = boto3.client("s3", endpoint_url=env.hub_s3, aws_access_key_id=ak, aws_secret_access_key=sk,
+                               region_name="us-east-1",
+                               config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+
+    def cmd(self) -> list[str]:
+        return ["rclone", "mount", f"wan:{self.repo}/main", self.root, "--vfs-cache-mode", "writes",
+                "--vfs-write-back", self.env.rclone_write_back, "--s3-no-check-bucket", "--cache-dir", self.cache, "--log-file", self.log]
+
+    def describe(self) -> str:
+        return " ".join(self.cmd())
+
+    def rclone_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RCLONE_"))}
+        ak, sk = self.env.s3_keys
+        p = "RCLONE_CONFIG_WAN_"
+        env.update({"RCLONE_CONFIG": os.devnull, p + "TYPE": "s3", p + "PROVIDER": "Other", p + "ENV_AUTH": "false",
+                    p + "ACCESS_KEY_ID": ak, p + "SECRET_ACCESS_KEY": sk, p + "REGION": "us-east-1",
+                    p + "ENDPOINT": self.env.wan_s3.url_for(), p + "FORCE_PATH_STYLE": "true"})
+        return env
+
+    def mount(self) -> None:
+        remove(self.cache)
+        os.makedirs(self.root, exist_ok=True)
+        self.proc = subprocess.Popen(self.cmd(), env=self.rclone_env(), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not os.path.ismount(self.root):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                rc = self.proc.poll()
+                self.unmount()
+                raise SystemExit(f"rclone mount did not come up (exit {rc}):\n{tail(self.log)}")
+            time.sleep(0.1)
+
+    def unmount(self) -> dict:
+        """Unmount and wait for rclone to exit (it finishes pending uploads first)."""
+        t0 = time.perf_counter()
+        if os.path.ismount(self.root):
+            subprocess.run(["fusermount3", "-u", self.root], capture_output=True, check=False)
+        if self.proc is not None:
+            try:
+                self.proc.wait(300)
+            except subprocess.TimeoutExpired:
+                fusermount_lazy(self.root)
+                stop(self.proc)
+            self.proc = None
+        fusermount_lazy(self.root)
+        remove(self.cache)
+        return {"umount_s": time.perf_counter() - t0}
+
+    def wan_bytes_up(self) -> int:
+        return self.env.wan_s3.bytes_up
+
+    def head_size(self, key: str) -> int | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.s3.head_object(Bucket=self.repo, Key=f"main/{key}")["ContentLength"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+
+    def landed(self, directory: str, ckpt: Checkpoint) -> bool:
+        if any(self.head_size(f"{directory}/{n}") != len(d) for n, d in ckpt.files().items()):
+            return False
+        return self.head_size(f"{directory}/{META_TMP}") is None
+
+    def at_hub(self, directory: str, ckpt: Checkpoint, t0: float, stall: float) -> float:
+        return wait_until(lambda: self.landed(directory, ckpt), t0, push_timeout(ckpt, self.env.rate_mbit), "rclone's uploads to reach the hub",
+                          self.log)
+
+    def verify(self, directory: str, ckpt: Checkpoint) -> str:
+        return self.env.hub.verify(self.repo, directory, ckpt)
+
+
+class LocalDisk(System):
+    name = "local-disk"
+
+    def __init__(self, env: Env) -> None:
+        self.root = os.path.join(env.work, "local-disk")
+        os.makedirs(self.root, exist_ok=True)
+
+    def describe(self) -> str:
+        return f"(a directory on the same file system: {self.root})"
+
+    def verify(self, directory: str, ckpt: Checkpoint) -> str:
+        path = os.path.join(self.root, directory)
+        for name, want in ckpt.digests.items():
+            with open(os.path.join(path, name), "rb") as f:
+                if hashlib.file_digest(f, "sha256").hexdigest() != want:
+                    raise SystemExit(f"DATA MISMATCH on local disk: {path}/{name}")
+        if os.path.exists(os.path.join(path, META_TMP)):
+            raise SystemExit(f"{path}/{META_TMP} is still there after the rename")
+        remove(path)  # keep the disk footprint at one checkpoint
+        return "ok"
+
+
+# -- one round -------------------------------------------------------------------------------
+def run_round(system: System, rnd: int, n_shards: int, shard_bytes: int) -> dict:
+    """Mount, write one checkpoint, wait until it is at the hub, verify it, unmount."""
+    ckpt = Checkpoint.fresh(n_shards, shard_bytes, f"{system.name}-{rnd}")
+    directory = f"ckpt-{rnd}"
+    system.mount()
+    try:
+        os.mkdir(os.path.join(system.root, directory))
+        os.sync()  # earlier rounds' dirty pages must not be flushed inside this one
+        wan0 = system.wan_bytes_up()
+        t0, stall = write_checkpoint(os.path.join(system.root, directory), ckpt)
+        at_hub = system.at_hub(directory, ckpt, t0, stall)
+        wan = system.wan_bytes_up()
+    finally:
+        extra = system.unmount()
+    verified = system.verify(directory, ckpt)
+    return {"system": system.name, "round": rnd, "stall_s": stall, "at_hub_s": at_hub,
+            "stall_mb_s": ckpt.shard_bytes / stall / MB,
+            "wan_mb_up": None if wan0 is None or wan is None else (wan - wan0) / MB,
+            "verified": verified, **extra}
+
+
+# -- setup -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def servers(args: argparse.Namespace, work: str) -> Iterator[Env]:
+    """Hub, two WAN links, spoke; stopped on every way out."""
+    with contextlib.ExitStack() as stack:
+        hub_proc, hub_url, hub_s3, token = start_hub(work, args.python)
+        stack.callback(stop, hub_proc)
+        hub = Hub(hub_url, token)
+        stack.callback(hub.close)
+        links = []
+        for url in (hub_url, hub_s3):
+            port = int(url.rsplit(":", 1)[1])
+            proxy = WanProxy("127.0.0.1", port, delay_ms_up=args.rtt_ms / 2, delay_ms_down=args.rtt_ms / 2,
+                             rate_mbit=args.rate_mbit).start()
+            stack.callback(proxy.stop)
+            links.append(proxy)
+        spoke = start_spoke(work, args.python, links[0].url_for(), token)
+        if spoke is None:
+            raise SystemExit("this build's `fabric spoke` has no --s3-listen; bench_s3.start_spoke cannot start it")
+        stack.callback(stop, spoke[0])
+        yield Env(args.python, work, hub, hub_s3, spoke[1], token, hub.s3_keys(), links[0], links[1], args.rate_mbit,
+                  args.rclone_write_back)
+
+
+def make_systems(env: Env, only: list[str] | None) -> list[System]:
+    factories: dict[str, Callable[[], System]] = {
+        "fabric-local": lambda: FabricMount(env, "local"),
+        "fabric-hub": lambda: FabricMount(env, "hub"),
+        "rclone": lambda: RcloneMount(env),
+        "local-disk": lambda: LocalDisk(env),
+    }
+    return [factories[name]() for name in SYSTEMS if not only or name in only]
+
+
+@contextlib.contextmanager
+def unmounted_on_exit(systems: list[System]) -> Iterator[None]:
+    """Whatever happens, leave no mount (and no rclone process) behind."""
+    try:
+        yield
+    finally:
+        for s in systems:
+            if os.path.ismount(s.root) or getattr(s, "proc", None) is not None:
+                s.unmount()
+
+
+def measure(args: argparse.Namespace, work: str) -> tuple[list[dict], dict[str, str]]:
+    rounds: list[dict] = []
+    with servers(args, work) as env:
+        systems = make_systems(env, args.only)
+        commands = {s.name: s.describe() for s in systems}
+        with unmounted_on_exit(systems):
+            for rnd in range(args.runs):
+                k = rnd % len(systems)
+                for s in systems[k:] + systems[:k]:
+                    r = run_round(s, rnd, args.shards, args.shard_mib * MiB)
+                    rounds.append(r)
+                    at = "-" if r["at_hub_s"] is None else f"{r['at_hub_s']:.2f}"
+                    print(f"round {rnd + 1} {s.name:12} stall {r['stall_s']:6.2f} s  at hub {at:>6} s  "
+                          f"stall {r['stall_mb_s']:7.1f} MB/s  verified", file=sys.stderr, flush=True)
+    return rounds, commands
+
+
+# -- report ----------------------------------------------------------------------------------
+ROWS = (("stall_s", "stall", "s"), ("at_hub_s", "at hub", "s"), ("stall_mb_s", "stall throughput", "MB/s"),
+        ("wan_mb_up", "sent over the WAN", "MB"))
+
+
+def summarize(rounds: list[dict]) -> dict:
+    """Medians per system and row, and the round-by-round ratios of fabric-local to each peer."""
+    out: dict = {"median": {}, "min": {}, "max": {}, "ratio": {}}
+    for key, _, _ in ROWS:
+        for s in SYSTEMS:
+            xs = [r[key] for r in rounds if r["system"] == s and r[key] is not None]
+            if xs:
+                for stat, fn in (("median", median), ("min", min), ("max", max)):
+                    out[stat].setdefault(key, {})[s] = fn(xs)
+        for peer in ("rclone", "local-disk"):
+            ratios = []
+            for rnd in {r["round"] for r in rounds}:
+                mine = [r[key] for r in rounds if r["round"] == rnd and r["system"] == "fabric-local"]
+                theirs = [r[key] for r in rounds if r["round"] == rnd and r["system"] == peer]
+                if mine and theirs and mine[0] and theirs[0]:
+                    ratios.append(mine[0] / theirs[0])
+            if ratios:
+                out["ratio"].setdefault(key, {})[peer] = median(ratios)
+    return out
+
+
+def render(report: dict) -> str:
+    p, m, s = report["params"], report["machine"], report["summary"]
+    lines = [
+        (f"- machine: {m.get('host_cpus')} CPUs ({m.get('cpu', '?')}), {m.get('mem_gib', '?')} GiB RAM, "
+        f"{m.get('platform')}, Python {m.get('python')}; {report['rclone_version']}"),
+        f"- fabric at {m.get('fabric_commit')}",
+        f"- WAN: {p['rtt_ms']:g} ms RTT, {p['rate_mbit']:g} Mbit/s each way (WanProxy; one link spoke->hub REST, one rclone->hub S3)",
+        (f"- checkpoint: {p['shards']} x {p['shard_mib']} MiB fresh random bytes, one thread per shard, "
+        f"{WRITE_SIZE // MiB} MiB writes, fsync, close; then .metadata.tmp written, fsynced, renamed to .metadata"),
+        (f"- {p['runs']} round(s), systems' order rotating; medians (min..max); ratios = fabric-local's figure / the other's, "
+        "median of the per-round ratios"),
+        ("- at hub: fabric-local = spoke `writeback_pending` reached 0; fabric-hub = the stall; "
+        "rclone = every file answers HEAD with its size on the hub's S3 port (no WAN), .metadata.tmp gone"),
+        "- every round committed at the hub and each file read back and compared by sha256 (local-disk: read back from the directory): all matched",
+        f"- command: `{report['command']}`",
+        "",
+        "| row | unit | " + " | ".join(SYSTEMS) + " | fabric-local / rclone | fabric-local / local-disk |",
+        "|---|---|" + "---:|" * (len(SYSTEMS) + 2),
+    ]
+    for key, label, unit in ROWS:
+        cells = []
+        for sys_name in SYSTEMS:
+            med = s["median"].get(key, {}).get(sys_name)
+            if med is None:
+                cells.append("-")
+            elif unit == "s":
+                cells.append(f"{med:.2f} ({s['min'][key][sys_name]:.2f}..{s['max'][key][sys_name]:.2f})")
+            else:
+                cells.append(f"{med:,.1f}")
+        ratios = [s["ratio"].get(key, {}).get(peer) for peer in ("rclone", "local-disk")]
+        cells += ["-" if x is None else f"{x:.2f}" for x in ratios]
+        lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |")
+    umount = {sys_name: median([r["umount_s"] for r in report["rounds"] if r["system"] == sys_name and "umount_s" in r])
+              for sys_name in ("fabric-local", "fabric-hub", "rclone") if any(r["system"] == sys_name for r in report["rounds"])}
+    if umount:
+        lines += ["", "Unmount after the checkpoint reached the hub (median s): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in umount.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+# -- main ------------------------------------------------------------------------------------
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shards", type=int, default=None, help="files per checkpoint, one writer thread each (default 4)")
+    ap.add_argument("--shard-mib", type=int, default=None, help="MiB per shard (default 64)")
+    ap.add_argument("--runs", type=int, default=None, help="rounds (default 3)")
+    ap.add_argument("--quick", action="store_true", help="smoke test: 2 x 16 MiB, 1 round (unless given)")
+    ap.add_argument("--rtt-ms", type=float, default=50.0, help="WAN round-trip time (default 50)")
+    ap.add_argument("--rate-mbit", type=float, default=200.0, help="WAN rate each way (default 200)")
+    ap.add_argument("--rclone-write-back", default="1s",
+                    help="rclone's --vfs-write-back: how long it holds a closed file before uploading (default 1s; "
+                    "rclone's own default is 5s; 0s loses a file renamed during its upload, see the module doc)")
+    ap.add_argument("--only", choices=SYSTEMS, action="append", help="measure only these systems (repeatable)")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--work", default=os.path.join(HERE, "work", "stores"))
+    ap.add_argument("--keep-work", action="store_true", help="keep the work directory (stores, logs) after a good run")
+    ap.add_argument("--json-out")
+    ap.add_argument("--md-out")
+    args = ap.parse_args()
+    args.shards = args.shards or (2 if args.quick else 4)
+    args.shard_mib = args.shard_mib or (16 if args.quick else 64)
+    args.runs = args.runs or (1 if args.quick else 3)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    for tool in ("rclone", "fusermount3"):
+        if not shutil.which(tool):
+            raise SystemExit(f"bench_checkpoint.py: {tool} is not on PATH")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that every finally below runs
+    work = os.path.join(args.work, "checkpoint")
+    remove(work)
+    os.makedirs(work)
+    rounds, commands = measure(args, work)
+    if not args.keep_work:
+        remove(work)  # kept, with every log, when the run fails
+    report = {
+        "machine": machine(),
+        "rclone_version": subprocess.run(["rclone", "version"], capture_output=True, text=True, check=False).stdout.splitlines()[0],
+        "params": {"shards": args.shards, "shard_mib": args.shard_mib, "write_size": WRITE_SIZE, "runs": args.runs,
+                   "rtt_ms": args.rtt_ms, "rate_mbit": args.rate_mbit},
+        "command": " ".join(["python", os.path.relpath(sys.argv[0], os.path.dirname(HERE)), *sys.argv[1:]]),
+        "commands": commands,
+        "rounds": rounds,
+        "summary": summarize(rounds),
+    }
+    text = render(report)
+    print(text)
+    if args.json_out:
+        save_json(args.json_out, report)
+    if args.md_out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.md_out)), exist_ok=True)
+        with open(args.md_out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
