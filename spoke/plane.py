@@ -379,8 +379,10 @@ class SpokePlane(DataPlane):
 
     def _pin_frames(self, pack: bytes, chunks: Sequence[packs.PackedChunk]) -> int:
         """Keep a pack's frames pinned (and on disk for good) in the cache until the queued
-        writes that use them reach the hub; how many were new here."""
-        return self.chunk_cache.put_pinned((c.id, pack[c.offset : c.offset + c.length]) for c in chunks)
+        writes that use them reach the hub, and start sending them there; how many were new here."""
+        new = self.chunk_cache.put_pinned((c.id, pack[c.offset : c.offset + c.length]) for c in chunks)
+        self.writeback.send_early([c.id for c in chunks])
+        return new
 
     def _cache_pack(self, builder: packs.PackBuilder) -> None:
         data = builder.finish()
@@ -513,6 +515,7 @@ class SpokePlane(DataPlane):
             "cache_miss_bytes": self.fetcher.miss_bytes,
             "writeback_pending": self.writeback.count(),
             "writeback_landed": self.writeback.landed,
+            "writeback_early_chunks": self.writeback.early_sent,
             "watch_stream_live": self.tracker.live(),
             "watch_events": self.tracker.events,
         }

@@ -7,16 +7,21 @@ chunks the hub lacks, uploads one pack of those frames, stages the entries,
 then deletes the rows and unpins the frames. Staging is an upsert, so a crash
 between staging and deleting the row re-stages the same entry: the write
 lands once. Until a write lands, reads of its branch at this spoke see it.
+
+Chunks uploaded with ``local`` durability are also sent on early (see
+:meth:`WriteBack.send_early`): the push to the hub overlaps the client's
+upload instead of starting when its entries are queued.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fabric import packs
 from fabric.client import HttpPlane
@@ -29,6 +34,8 @@ from .traffic import PUSH, Traffic
 log = logging.getLogger("fabric.spoke")
 
 BATCH = 256
+#: Chunks sent on early per round of the flusher (about 32 MiB of 64 KiB chunks).
+EARLY_BATCH = 512
 
 
 class WriteBack:
@@ -46,6 +53,8 @@ class WriteBack:
         self._queued = self._db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._early: collections.deque[bytes] = collections.deque()
+        self.early_sent = 0
         self.landed = 0
         self.last_error: str | None = None
 
@@ -81,6 +90,13 @@ class WriteBack:
             self._queued += len(rows)
             self._wake.notify_all()
 
+    def send_early(self, ids: Sequence[bytes]) -> None:
+        """Push these pinned chunks to the hub as soon as it can take them, before any entry
+        that uses them is queued (best effort: one that is gone from the cache is skipped)."""
+        with self._wake:
+            self._early.extend(ids)
+            self._wake.notify_all()
+
     def pending(self, repo: str, branch: str) -> dict[str, bytes | None]:
         """Queued writes of a branch, latest per path (no query while nothing is queued)."""
         with self._lock:
@@ -105,11 +121,12 @@ class WriteBack:
         backoff = 0.2
         while not self._stop.is_set():
             with self._wake:
-                if self._db.execute("SELECT 1 FROM ops LIMIT 1").fetchone() is None:
+                if not self._early and self._db.execute("SELECT 1 FROM ops LIMIT 1").fetchone() is None:
                     self._wake.wait(timeout=5)
                     continue
             try:
                 self.flush()
+                self._send_early_batch()
                 backoff = 0.2
                 self.last_error = None
             except FabricError as exc:
@@ -153,18 +170,36 @@ class WriteBack:
         self.landed += len(rows)
         return True
 
-    def _push_chunks(self, ids: list[bytes]) -> None:
+    def _send_early_batch(self) -> None:
+        with self._lock:
+            batch = [self._early[i] for i in range(min(EARLY_BATCH, len(self._early)))]
+        if not batch:
+            return
+        with self.traffic.purpose(PUSH):
+            sent = self._push_chunks(batch, skip_absent=True)
+        with self._lock:
+            for _ in batch:
+                self._early.popleft()
+        self.early_sent += sent
+
+    def _push_chunks(self, ids: list[bytes], skip_absent: bool = False) -> int:
+        """Upload the chunks of ``ids`` the hub lacks, from the cache; how many were sent."""
         builder = packs.PackBuilder()
+        sent = 0
         for cid in self.upstream.missing_chunks(ids) if ids else []:
             frame = self.cache.get(cid)
+            if frame is None and skip_absent:
+                continue
             if frame is None:
                 raise Unavailable(f"queued chunk {cid.hex()} is missing from the spoke cache")
+            sent += 1
             builder.add(cid, frame)
             if builder.size >= packs.TARGET_SIZE // 2:
                 self.upstream.receive_pack(builder.finish())
                 builder = packs.PackBuilder()
         if len(builder):
             self.upstream.receive_pack(builder.finish())
+        return sent
 
 
 def open_writeback(cache_dir: str) -> WriteBack:

@@ -306,3 +306,25 @@ def test_chunk_exchange_and_staging_with_local_durability_queue_at_the_spoke(out
             sp.receive_pack(refused, "local")
     assert spoke.stats()["cache_pinned_bytes"] == pinned
     assert sp.missing_chunks([chunk_id(good)], "local") == [chunk_id(good)]
+
+
+def test_chunks_uploaded_with_local_durability_go_on_to_the_hub_before_their_entries(outage) -> None:
+    """The push to the hub overlaps the client's upload: chunks are sent on as they arrive,
+    and the entry staged later lands without sending them again."""
+    hub, spoke = outage
+    plane, sp = hub.plane(), spoke.plane()
+    repo = unique_name("early")
+    plane.create_repo(repo)
+    data = random_bytes(2_000_000, 21)
+    entry = _local_upload(sp, data)
+    ids = list(dict.fromkeys(cid for cid, _ in entry.chunks))
+    wait_for(lambda: plane.missing_chunks(ids) == [], timeout=30, interval=0.1)
+    stats = spoke.stats()
+    assert stats["writeback_early_chunks"] == len(ids) and stats["writeback_pending"] == 0
+    sent = stats["upstream_bytes_sent_push"]
+    assert sent >= len(data)
+
+    sp.stage(repo, "main", {"ckpt.bin": entry}, "local")
+    wait_for(lambda: spoke.stats()["writeback_pending"] == 0, timeout=30, interval=0.1)
+    assert plane.read(repo, "main", "ckpt.bin") == data
+    assert spoke.stats()["upstream_bytes_sent_push"] - sent < 100_000  # the entry, not the data again
