@@ -39,7 +39,7 @@ from .metacache import SpokeMetaStore
 from .remember import Remembered
 from .state import SpokeState
 from .traffic import PUSH, CountingTransport, Traffic
-from .writeback import open_writeback
+from .writeback import UPLOAD_HOLD, open_writeback
 
 HUB = "hub"
 LOCAL = "local"
@@ -92,13 +92,14 @@ class SpokePlane(DataPlane):
         lease: float = 10.0,
         durability: str = HUB,
         fetch_workers: int = 4,
+        upload_hold: float = UPLOAD_HOLD,
     ) -> None:
         if durability not in (HUB, LOCAL):
             raise BadRequest(f"unknown durability {durability!r}: use 'hub' or 'local'")
         self.traffic = Traffic()
         self.upstream = HttpPlane(hub_url, token, transport=CountingTransport(self.traffic, httpx.HTTPTransport(retries=1)))
         os.makedirs(cache_dir, exist_ok=True)
-        self.writeback = open_writeback(cache_dir)
+        self.writeback = open_writeback(cache_dir, upload_hold)
         meta_budget = max(1 << 20, int(cache_size * META_SHARE))
         self.chunk_cache = DiskCache(
             os.path.join(cache_dir, "chunks"), cache_size - meta_budget, _frame_intact, self.writeback.pinned_chunks()

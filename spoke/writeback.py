@@ -10,7 +10,9 @@ lands once. Until a write lands, reads of its branch at this spoke see it.
 
 Chunks uploaded with ``local`` durability are also sent on early (see
 :meth:`WriteBack.send_early`): the push to the hub overlaps the client's
-upload instead of starting when its entries are queued.
+upload instead of starting when its entries are queued. They stay pinned for
+``upload_hold`` seconds waiting for the entries that use them; a client that
+never stages them (it crashed) does not keep them pinned for longer.
 """
 
 from __future__ import annotations
@@ -36,11 +38,14 @@ log = logging.getLogger("fabric.spoke")
 BATCH = 256
 #: Chunks sent on early per round of the flusher (about 32 MiB of 64 KiB chunks).
 EARLY_BATCH = 512
+#: How long uploaded chunks stay pinned waiting for an entry that uses them.
+UPLOAD_HOLD = 3600.0
 
 
 class WriteBack:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, upload_hold: float = UPLOAD_HOLD) -> None:
         self.path = path
+        self.upload_hold = upload_hold
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -54,6 +59,7 @@ class WriteBack:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._early: collections.deque[bytes] = collections.deque()
+        self._held: dict[bytes, float] = {}  # uploaded chunk -> when its hold ends
         self.early_sent = 0
         self.landed = 0
         self.last_error: str | None = None
@@ -91,10 +97,13 @@ class WriteBack:
             self._wake.notify_all()
 
     def send_early(self, ids: Sequence[bytes]) -> None:
-        """Push these pinned chunks to the hub as soon as it can take them, before any entry
-        that uses them is queued (best effort: one that is gone from the cache is skipped)."""
+        """Push these just uploaded, pinned chunks to the hub as soon as it can take them,
+        before any entry that uses them is queued (best effort: one that is gone from the
+        cache is skipped), and hold their pins for ``upload_hold`` seconds."""
+        until = time.monotonic() + self.upload_hold
         with self._wake:
             self._early.extend(ids)
+            self._held.update(dict.fromkeys(ids, until))
             self._wake.notify_all()
 
     def pending(self, repo: str, branch: str) -> dict[str, bytes | None]:
@@ -120,9 +129,10 @@ class WriteBack:
     def _run(self) -> None:
         backoff = 0.2
         while not self._stop.is_set():
+            self._release_expired_holds()
             with self._wake:
                 if not self._early and self._db.execute("SELECT 1 FROM ops LIMIT 1").fetchone() is None:
-                    self._wake.wait(timeout=5)
+                    self._wake.wait(timeout=min(5.0, self.upload_hold))
                     continue
             try:
                 self.flush()
@@ -170,6 +180,19 @@ class WriteBack:
         self.landed += len(rows)
         return True
 
+    def _release_expired_holds(self) -> None:
+        """Unpin uploaded chunks whose hold ended and that no queued write needs."""
+        now = time.monotonic()
+        with self._lock:
+            expired = [cid for cid, until in self._held.items() if until <= now]
+            for cid in expired:
+                del self._held[cid]
+        if expired:
+            needed = self.pinned_chunks()
+            for cid in expired:
+                if cid not in needed:
+                    self.cache.unpin(cid)
+
     def _send_early_batch(self) -> None:
         with self._lock:
             batch = [self._early[i] for i in range(min(EARLY_BATCH, len(self._early)))]
@@ -202,5 +225,5 @@ class WriteBack:
         return sent
 
 
-def open_writeback(cache_dir: str) -> WriteBack:
-    return WriteBack(os.path.join(cache_dir, "writeback.db"))
+def open_writeback(cache_dir: str, upload_hold: float = UPLOAD_HOLD) -> WriteBack:
+    return WriteBack(os.path.join(cache_dir, "writeback.db"), upload_hold)

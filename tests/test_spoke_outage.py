@@ -22,6 +22,7 @@ from fabric.client import UPLOAD_PACK_SIZE
 from fabric.errors import BadRequest, Unavailable
 from fabric.ingest import PackSession, file_entry, ingest_stream
 from fabric.model import Entry
+from spoke.plane import SpokePlane
 from tests.hubserver import unique_name
 from tests.spokeserver import (
     RestartableHub,
@@ -328,3 +329,19 @@ def test_chunks_uploaded_with_local_durability_go_on_to_the_hub_before_their_ent
     wait_for(lambda: spoke.stats()["writeback_pending"] == 0, timeout=30, interval=0.1)
     assert plane.read(repo, "main", "ckpt.bin") == data
     assert spoke.stats()["upstream_bytes_sent_push"] - sent < 100_000  # the entry, not the data again
+
+
+def test_uploaded_chunks_that_no_entry_claims_are_unpinned_after_the_hold(hub, tmp_path) -> None:
+    """A client that uploads with local durability and dies before staging does not leave
+    its chunks pinned for good: after the hold they are ordinary cached chunks (already
+    sent on to the hub), which the cache may evict."""
+    plane = SpokePlane(hub.url, hub.token, str(tmp_path / "cache"), 64 << 20, upload_hold=3.0)
+    try:
+        entry = _local_upload(plane, random_bytes(1_500_000, 31))
+        ids = list(dict.fromkeys(cid for cid, _ in entry.chunks))
+        assert plane.stats()["cache_pinned_bytes"] >= 1_500_000
+        wait_for(lambda: plane.stats()["cache_pinned_bytes"] == 0, timeout=30, interval=0.1)
+        assert all(cid in plane.chunk_cache for cid in ids)
+        assert hub.plane().missing_chunks(ids) == []
+    finally:
+        plane.close()
