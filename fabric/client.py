@@ -19,7 +19,7 @@ import msgpack
 
 from . import errors
 from .auth import Principal
-from .api.wire import MSGPACK, commit_from_json, entry_from_json, pack_changes
+from .api.wire import MSGPACK, STAGING_SEQ_HEADER, commit_from_json, entry_from_json, pack_changes
 from .ingest import PackSession
 from .listing import Change, Listing
 from .model import Commit, Entry
@@ -275,13 +275,17 @@ class HttpPlane(DataPlane):
             self._json("PUT", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, content=body(), headers=headers)
         )
 
-    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> None:
-        self._call(
+    def stage(
+        self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None
+    ) -> int | None:
+        response = self._call(
             "POST",
             f"/repos/{repo}/branches/{branch}/entries",
             content=pack_changes(dict(changes)),
             headers={"Content-Type": MSGPACK, **durability_header(durability)},
         )
+        seq = response.headers.get(STAGING_SEQ_HEADER)
+        return int(seq) if seq is not None else None
 
     def delete_object(self, repo: str, branch: str, path: str, durability: str | None = None) -> None:
         self._call("DELETE", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, headers=durability_header(durability))

@@ -471,12 +471,12 @@ class Engine(DataPlane):
         self.stage(repo, branch, {path: entry})
         return self.normalize(entry)
 
-    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> None:
+    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> int:
         """Stage entries (``None`` deletes) whose chunks are already stored (hub-durable)."""
         for path in changes:
             check_path(path)
         self._require_chunks(changes.values())
-        self.catalog.stage(
+        return self.catalog.stage(
             repo, branch, [(p, e.encode() if e is not None else None) for p, e in self._normalized(changes).items()]
         )
 

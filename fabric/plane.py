@@ -176,9 +176,12 @@ class DataPlane(abc.ABC):
         (a spoke may queue it on its own disk); ``None`` is the plane's default."""
 
     @abc.abstractmethod
-    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> None:
+    def stage(
+        self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None
+    ) -> int | None:
         """Stage entries whose chunks are stored (``None`` deletes), durable at ``durability``
-        (as in :meth:`put_object`)."""
+        (as in :meth:`put_object`). Returns the branch's staging seq that holds them (see
+        :meth:`staging_snapshot`), or None where the write is not at the hub yet."""
 
     @abc.abstractmethod
     def delete_object(self, repo: str, branch: str, path: str, durability: str | None = None) -> None: ...

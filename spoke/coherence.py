@@ -14,11 +14,12 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from fabric.client import HttpPlane
 from fabric.errors import FabricError, Unavailable
+from fabric.model import Entry
 
 from .state import SpokeState
 from .traffic import METADATA, Traffic
@@ -171,6 +172,15 @@ class RefTracker:
                     self._set(key, _Ref(commit, started, from_listing=True))
             self._listed[repo] = started
 
+    def observed(self, repo: str, branch: str, head: str, started: float) -> None:
+        """The hub answered, to a request sent at ``started``, that ``branch`` is at ``head``
+        (a staging snapshot carries it): newer than any event that came before that."""
+        key = (repo, "branch", branch)
+        with self._lock:
+            old = self._refs.get(key)
+            if old is None or (old.commit != head and old.by_event < started):
+                self._set(key, _Ref(head, started, from_listing=True))
+
     def known(self, repo: str, kind: str) -> list[dict]:
         """``[{name, commit_id}]``: the refs of one kind last seen in ``repo`` (answers while the hub is away)."""
         with self._lock:
@@ -246,6 +256,24 @@ class StagingCache:
             if snap is not None:
                 snap.fetched = -1e18  # forces an (incremental) refresh on the next read
 
+    def add_own(self, repo: str, branch: str, changes: Mapping[str, Entry | None], seq: int | None) -> None:
+        """This spoke staged ``changes`` at the hub, where they got staging seq ``seq``. When
+        nothing else was staged since the cached snapshot (its seq is ``seq - 1``) they are
+        added to it, sparing the next read a round trip; otherwise the snapshot is refreshed
+        on the next read. Either way a fetch already under way is not trusted."""
+        key = (repo, branch)
+        with self._lock:
+            self._invalidations[key] = self._invalidations.get(key, 0) + 1
+            snap = self._snaps.get(key)
+            if snap is None:
+                return
+            if seq is not None and snap.fetched > 0 and snap.seq == seq - 1:
+                snap.items.update({p: e.encode() if e is not None else None for p, e in changes.items()})
+                snap.seq = seq
+                snap._keys = None
+            else:
+                snap.fetched = -1e18
+
     def get(self, repo: str, branch: str, head: str) -> tuple[BranchStaging, bool]:
         """``(snapshot, stale)`` of the staging area; the snapshot's ``head`` may be newer than ``head``."""
         key = (repo, branch)
@@ -273,11 +301,13 @@ class StagingCache:
         generation = self.tracker.generation(repo, branch)
         with self._lock:
             invalidations = self._invalidations.get((repo, branch), 0)
+        started = time.monotonic()
         with self.traffic.purpose(METADATA):
             head, seq, rows = self.upstream.staging_snapshot(repo, branch, base.seq if base else 0)
             if base is not None and head != base.head:
                 head, seq, rows = self.upstream.staging_snapshot(repo, branch, 0)
                 base = None
+        self.tracker.observed(repo, branch, head, started)
         items = dict(base.items) if base is not None else {}
         items.update(rows)
         snap = BranchStaging(head, seq, items, time.monotonic(), generation)

@@ -116,7 +116,7 @@ class SpokePlane(DataPlane):
         self._answers = Remembered(ANSWER_TTL)
         self._lock = threading.Lock()
         self.tracker.start()
-        self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self.staging.invalidate)
+        self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self.staging.add_own)
 
     def close(self) -> None:
         self.tracker.stop()
@@ -391,16 +391,19 @@ class SpokePlane(DataPlane):
         for c in builder.chunks:
             self.chunk_cache.put(c.id, data[c.offset : c.offset + c.length])
 
-    def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> None:
+    def stage(
+        self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None
+    ) -> int | None:
         if self._durability(durability) == LOCAL:
             for path in changes:
                 check_path(path)
             self._require_branch(repo, branch)
             self._hold_chunks(repo, branch, changes)
             self.writeback.enqueue(repo, branch, changes)
-            return
-        self.upstream.stage(repo, branch, changes, HUB)
-        self.staging.invalidate(repo, branch)
+            return None
+        seq = self.upstream.stage(repo, branch, changes, HUB)
+        self.staging.add_own(repo, branch, changes, seq)
+        return seq
 
     def _hold_chunks(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
         """Pin the chunks that queued entries need until they reach the hub.

@@ -74,7 +74,15 @@ class WriteBack:
             out.update(cid for cid, _ in Entry.decode(enc).chunks)
         return out
 
-    def start(self, cache: DiskCache, upstream: HttpPlane, traffic: Traffic, on_landed: Callable[[str, str], None]) -> None:
+    def start(
+        self,
+        cache: DiskCache,
+        upstream: HttpPlane,
+        traffic: Traffic,
+        on_landed: Callable[[str, str, dict[str, Entry | None], int | None], None],
+    ) -> None:
+        """Start the flusher; ``on_landed(repo, branch, changes, staging seq)`` hears of each
+        batch staged at the hub, before its rows leave the queue."""
         self.cache, self.upstream, self.traffic, self.on_landed = cache, upstream, traffic, on_landed
         self._thread = threading.Thread(target=self._run, name="writeback", daemon=True)
         self._thread.start()
@@ -166,8 +174,9 @@ class WriteBack:
         chunk_ids = list(dict.fromkeys(cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks))
         with self.traffic.purpose(PUSH):
             self._push_chunks(chunk_ids)
-            self.upstream.stage(target_repo, target_branch, changes)
-        self.on_landed(target_repo, target_branch)  # before the rows go: readers then find it in the hub's staging
+            seq = self.upstream.stage(target_repo, target_branch, changes)
+        # Before the rows go, so that readers find the writes in the staging they see.
+        self.on_landed(target_repo, target_branch, changes, seq)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany("DELETE FROM ops WHERE id = ?", [(r[0],) for r in rows])

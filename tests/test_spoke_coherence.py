@@ -16,7 +16,7 @@ import pytest
 
 from fabric.client import HttpPlane
 from fabric.wanproxy import WanProxy
-from spoke.coherence import RefTracker
+from spoke.coherence import RefTracker, StagingCache
 from spoke.state import SpokeState
 from spoke.traffic import Traffic
 from tests.hubserver import Hub, unique_name
@@ -241,3 +241,25 @@ def test_events_that_arrive_after_a_listing_which_holds_them_do_not_move_a_ref_b
     for event in news:
         tracker._apply(event)
         assert tracker.ref(repo, "branch", "main") == (event["new"], False)
+
+
+def test_a_staging_snapshot_moves_a_ref_the_stream_has_not_moved_yet(hub: Hub, tmp_path) -> None:
+    """A read of a branch fetches its staging snapshot, which names the hub's head: the spoke
+    keeps that head even if the stream's event for it never arrives (the hub died first)."""
+    plane = hub.plane()
+    repo = unique_name("ahead")
+    start = _watch_once(hub)[0]["seq"]
+    plane.create_repo(repo)
+    first = plane.commit(repo, "main", "first", allow_empty=True).id
+    events = _events_since(hub, start, repo)
+    created = events[0]["new"]
+    tracker = RefTracker(HttpPlane(hub.url, hub.token), Traffic(), SpokeState(str(tmp_path)), lease=600)
+    tracker._apply(events[0])  # so far the stream has delivered the creation only
+    assert tracker.ref(repo, "branch", "main") == (created, False) and created != first
+    snap, _ = StagingCache(tracker.upstream, tracker, Traffic()).get(repo, "main", created)
+    assert snap.head == first
+    assert tracker.ref(repo, "branch", "main") == (first, False)
+    for event in events:  # the rest arrives late, or is replayed: the head stays
+        tracker._apply(event)
+        assert tracker.ref(repo, "branch", "main") == (first, False), event
+    assert SpokeState(str(tmp_path)).refs() == [(repo, "branch", "main", first)]  # what a restart starts from

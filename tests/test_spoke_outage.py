@@ -311,7 +311,8 @@ def test_chunk_exchange_and_staging_with_local_durability_queue_at_the_spoke(out
 
 def test_chunks_uploaded_with_local_durability_go_on_to_the_hub_before_their_entries(outage) -> None:
     """The push to the hub overlaps the client's upload: chunks are sent on as they arrive,
-    and the entry staged later lands without sending them again."""
+    the entry staged later lands without sending them again, and reading it back at the
+    spoke afterwards costs no round trip to the hub."""
     hub, spoke = outage
     plane, sp = hub.plane(), spoke.plane()
     repo = unique_name("early")
@@ -325,10 +326,16 @@ def test_chunks_uploaded_with_local_durability_go_on_to_the_hub_before_their_ent
     sent = stats["upstream_bytes_sent_push"]
     assert sent >= len(data)
 
+    assert [p for p, _ in sp.walk(repo, "main")] == []  # the spoke now caches main's staging
     sp.stage(repo, "main", {"ckpt.bin": entry}, "local")
     wait_for(lambda: spoke.stats()["writeback_pending"] == 0, timeout=30, interval=0.1)
     assert plane.read(repo, "main", "ckpt.bin") == data
-    assert spoke.stats()["upstream_bytes_sent_push"] - sent < 100_000  # the entry, not the data again
+    stats = spoke.stats()
+    assert stats["upstream_bytes_sent_push"] - sent < 100_000  # the entry, not the data again
+    # Its own landed write is added to the cached staging: reading it back asks the hub nothing.
+    assert sp.read(repo, "main", "ckpt.bin") == data
+    assert [p for p, _ in sp.walk(repo, "main")] == ["ckpt.bin"]
+    assert spoke.stats()["upstream_requests"] == stats["upstream_requests"]
 
 
 def test_uploaded_chunks_that_no_entry_claims_are_unpinned_after_the_hold(hub, tmp_path) -> None:

@@ -24,7 +24,7 @@ from ..listing import Change
 from ..model import Commit
 from ..plane import DataPlane
 from .body import BodyReader
-from .wire import MSGPACK, entry_json, hex_ids, unpack_changes
+from .wire import MSGPACK, STAGING_SEQ_HEADER, entry_json, hex_ids, unpack_changes
 
 MAX_PACK_BYTES = 256 * 1024 * 1024
 MAX_CHANGES_BYTES = 512 * 1024 * 1024
@@ -555,8 +555,10 @@ def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRout
         """Stage entries (msgpack ``{changes: {path: entry|null}}``) whose chunks are stored."""
         who.require(repo, "write")
         changes, _ = unpack_changes(await _body(request, MAX_CHANGES_BYTES))
-        await anyio.to_thread.run_sync(lambda: plane().stage(repo, branch, changes, x_fabric_durability))
-        return Response(status_code=204)
+        seq = await anyio.to_thread.run_sync(lambda: plane().stage(repo, branch, changes, x_fabric_durability))
+        # The staging seq holding them (absent when a spoke queued them): lets a cache of the
+        # branch's staging add its own write instead of fetching it back.
+        return Response(status_code=204, headers={STAGING_SEQ_HEADER: str(seq)} if seq is not None else None)
 
     # -- chunk exchange ------------------------------------------------------------
     @router.post("/chunks/missing", response_model=MissingChunks, tags=["chunks"])

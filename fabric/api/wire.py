@@ -10,6 +10,8 @@ from ..errors import BadRequest
 from ..model import Commit, Entry
 
 MSGPACK = "application/msgpack"
+#: Response header of a stage: the branch's staging seq that holds the entries.
+STAGING_SEQ_HEADER = "X-Fabric-Staging-Seq"
 
 
 def entry_json(path: str, entry: Entry) -> dict[str, Any]:
