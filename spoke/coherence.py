@@ -228,6 +228,12 @@ class BranchStaging:
             return True, self.items[path]
         return False, None
 
+    def add(self, rows: Mapping[str, bytes | None], seq: int) -> None:
+        """Rows staged at ``seq``, right after this snapshot's."""
+        self.items.update(rows)
+        self.seq = seq
+        self._keys = None
+
     def between(self, start: str, end: str | None) -> Iterator[tuple[str, bytes | None]]:
         if self._keys is None:
             self._keys = sorted(self.items)
@@ -268,9 +274,7 @@ class StagingCache:
             if snap is None:
                 return
             if seq is not None and snap.fetched > 0 and snap.seq == seq - 1:
-                snap.items.update({p: e.encode() if e is not None else None for p, e in changes.items()})
-                snap.seq = seq
-                snap._keys = None
+                snap.add({p: e.encode() if e is not None else None for p, e in changes.items()}, seq)
             else:
                 snap.fetched = -1e18
 

@@ -410,9 +410,10 @@ class SpokePlane(DataPlane):
 
         A chunk is either in this cache (uploaded here, or fetched from the hub), or
         already used at one of the paths changed (a chmod, a rename), or the hub must
-        say it has it. BadRequest when nobody has it: the write would be lost."""
+        say it has it. BadRequest when nobody has it (the write would be lost), and
+        then nothing is pinned."""
         needed = {cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks}
-        unknown = [cid for cid in needed if not self.chunk_cache.pin(cid)]
+        unknown = [cid for cid in needed if cid not in self.chunk_cache]
         if unknown:
             in_use = self._chunks_at(repo, branch, changes)
             unknown = [cid for cid in unknown if cid not in in_use]
@@ -426,6 +427,8 @@ class SpokePlane(DataPlane):
                 ) from exc
             if lost:
                 raise BadRequest(f"chunk {lost[0].hex()} ({len(lost)} in all) is not stored: upload it before staging entries that use it")
+        for cid in needed:
+            self.chunk_cache.pin(cid)  # one evicted meanwhile was at the hub (only pinned blobs are not)
 
     def _chunks_at(self, repo: str, branch: str, paths: Iterable[str]) -> set[bytes]:
         """Chunk ids of the files now at ``paths`` on the branch (those this spoke can see)."""

@@ -59,7 +59,7 @@ class WriteBack:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._early: collections.deque[bytes] = collections.deque()
-        self._held: dict[bytes, float] = {}  # uploaded chunk -> when its hold ends
+        self._holds: collections.deque[tuple[float, list[bytes]]] = collections.deque()  # (ends, chunks), in time order
         self.early_sent = 0
         self.landed = 0
         self.last_error: str | None = None
@@ -108,10 +108,10 @@ class WriteBack:
         """Push these just uploaded, pinned chunks to the hub as soon as it can take them,
         before any entry that uses them is queued (best effort: one that is gone from the
         cache is skipped), and hold their pins for ``upload_hold`` seconds."""
-        until = time.monotonic() + self.upload_hold
+        ends = time.monotonic() + self.upload_hold
         with self._wake:
             self._early.extend(ids)
-            self._held.update(dict.fromkeys(ids, until))
+            self._holds.append((ends, list(ids)))
             self._wake.notify_all()
 
     def pending(self, repo: str, branch: str) -> dict[str, bytes | None]:
@@ -192,10 +192,10 @@ class WriteBack:
     def _release_expired_holds(self) -> None:
         """Unpin uploaded chunks whose hold ended and that no queued write needs."""
         now = time.monotonic()
+        expired: list[bytes] = []
         with self._lock:
-            expired = [cid for cid, until in self._held.items() if until <= now]
-            for cid in expired:
-                del self._held[cid]
+            while self._holds and self._holds[0][0] <= now:
+                expired += self._holds.popleft()[1]
         if expired:
             needed = self.pinned_chunks()
             for cid in expired:
