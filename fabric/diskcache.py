@@ -173,7 +173,16 @@ class DiskCache:
 
     def put_pinned(self, blobs: Iterable[tuple[bytes, bytes]]) -> int:
         """Pin a batch of blobs, on disk for good when this returns: one sync of the file
-        system for the batch, not an fsync per blob. How many were not cached before."""
+        system for the batch, not an fsync per blob. How many were not cached before.
+        CacheFull, with nothing pinned, when the batch cannot fit beside what is pinned."""
+        blobs = list(blobs)
+        with self._lock:
+            extra = sum(len(data) for key, data in dict(blobs).items() if key not in self._pinned)
+            if self._pinned_bytes + extra > self.budget:
+                raise CacheFull(
+                    f"{extra} more bytes pinned would exceed the cache budget of {self.budget} bytes "
+                    f"({self._pinned_bytes} pinned by writes not yet at the hub)"
+                )
         new = 0
         for key, data in blobs:
             new += key not in self

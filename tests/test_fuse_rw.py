@@ -398,3 +398,15 @@ def test_open_unlinked_and_renamed_files_keep_working(hub, tmp_path):
     plane = hub.plane()
     assert {c.path for c in plane.uncommitted(repo, "main")} == {"after"}
     assert plane.read(repo, "main", "after") == b"part one part two"
+
+
+def test_server_errors_become_the_errno_a_program_expects():
+    from fabric.errors import BadRequest, Forbidden, InvalidPath, NotFound, StorageFull, Unavailable
+    from fuse.fs import fs_errno
+
+    assert fs_errno(StorageFull("the spoke's pinned budget is full")) == errno.ENOSPC
+    assert fs_errno(NotFound("gone")) == errno.ENOENT
+    assert fs_errno(Forbidden("no")) == errno.EACCES
+    assert fs_errno(InvalidPath("name longer than 255 bytes")) == errno.ENAMETOOLONG
+    assert fs_errno(BadRequest("bad")) == errno.EINVAL
+    assert fs_errno(Unavailable("server away")) == errno.EIO

@@ -19,7 +19,7 @@ import pytest
 from fabric import frames, packs
 from fabric.chunking import chunk_id
 from fabric.client import UPLOAD_PACK_SIZE
-from fabric.errors import BadRequest, Unavailable
+from fabric.errors import BadRequest, StorageFull, Unavailable
 from fabric.ingest import PackSession, file_entry, ingest_stream
 from fabric.model import Entry
 from spoke.plane import SpokePlane
@@ -352,3 +352,15 @@ def test_uploaded_chunks_that_no_entry_claims_are_unpinned_after_the_hold(hub, t
         assert hub.plane().missing_chunks(ids) == []
     finally:
         plane.close()
+
+
+def test_local_writes_beyond_the_pinned_budget_are_refused_whole_with_507(hub, tmp_path) -> None:
+    """Writes queued at a spoke are pinned in its cache: a pack that cannot fit beside them
+    is refused whole (507; a mount turns it into ENOSPC, see test_fuse_rw) and pins nothing."""
+    with start_spoke(hub.url, tmp_path / "cache", "4MiB", token=hub.token) as spoke:
+        sp = spoke.plane()
+        with pytest.raises(StorageFull, match="cache budget"):
+            _local_upload(sp, random_bytes(4_000_000, 41))
+        assert spoke.stats()["cache_pinned_bytes"] == 0
+        entry = _local_upload(sp, random_bytes(1_000_000, 42))  # what fits is taken
+        assert spoke.stats()["cache_pinned_bytes"] >= 1_000_000 and entry.size == 1_000_000
