@@ -71,6 +71,7 @@ Errors for what the mount does not do:
   EILSEQ        file names that are not valid UTF-8
   ENAMETOOLONG  names over 255 bytes, paths over 4096 bytes
   EIO           server away for longer than --server-timeout
+  ENOSPC        the spoke has no room left for writes not yet at the hub
 
 Starts the mount in the background and returns once it is ready
 (--foreground stays attached). The log, with per-operation latency
