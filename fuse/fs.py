@@ -539,6 +539,17 @@ class FabricFS(mfusepy.Operations):
         return 0  # directory changes are staged when they happen
 
     # -- reading -----------------------------------------------------------------------
+    def _fresh_file(self, p: str) -> Entry:
+        """:meth:`_fresh_entry` of a path that must be a file to be opened: ENOENT, EISDIR or EINVAL."""
+        e = self._fresh_entry(p)
+        if e is None:
+            raise _err(errno.ENOENT)
+        if e.kind == DIR:
+            raise _err(errno.EISDIR)
+        if e.kind != FILE:
+            raise _err(errno.EINVAL)
+        return e
+
     def _fresh_entry(self, p: str) -> Entry | None:
         """The current entry with its chunk list (branch: asked anew; commit: cached)."""
         if self.immutable:
@@ -598,13 +609,7 @@ class FabricFS(mfusepy.Operations):
             fi.fh = self._new_fh(WHandle(wf, False))
             fi.keep_cache = 0
             return 0
-        e = self._fresh_entry(p)
-        if e is None:
-            raise _err(errno.ENOENT)
-        if e.kind == DIR:
-            raise _err(errno.EISDIR)
-        if e.kind != FILE:
-            raise _err(errno.EINVAL)
+        e = self._fresh_file(p)
         sig = content_sig(e)
         old = self.kernel_sig.get(p)
         if old is not None and old != sig and any(
@@ -731,13 +736,7 @@ class FabricFS(mfusepy.Operations):
             if wf is not None:
                 return wf
         known = self.ns.lookup(p)
-        e = self._fresh_entry(p)
-        if e is None:
-            raise _err(errno.ENOENT)
-        if e.kind == DIR:
-            raise _err(errno.EISDIR)
-        if e.kind != FILE:
-            raise _err(errno.EINVAL)
+        e = self._fresh_file(p)
         if known is not None and content_sig(known) != content_sig(e):
             self._invalidate(p)  # changed elsewhere since the kernel saw it: its size is stale
         if e.chunklist and not e.chunks:
