@@ -188,3 +188,24 @@ def last_json_line(text: str, key: str | None = None, value: str | None = None) 
         if key is None or obj.get(key) == value:
             return obj
     raise SystemExit(f"no JSON result in output:\n{text[-2000:]}")
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """End a server this benchmark started (by its own PID only): SIGTERM, then SIGKILL after 15 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def unmount(mp: str) -> None:
+    """Unmount a FUSE mount point: cleanly if it can, lazily if it is busy; nothing if not mounted."""
+    for cmd in (["fusermount3", "-u", mp], ["fusermount3", "-u", "-z", mp]):
+        if not os.path.ismount(mp):
+            return
+        subprocess.run(cmd, capture_output=True, check=False)
+        time.sleep(0.3)

@@ -81,8 +81,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 # bench_s3 also puts the repository root on sys.path, for the fabric import below.
-from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_json
-from bench_s3 import start_hub, start_spoke, stop
+from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_json, stop_process, unmount
+from bench_s3 import start_hub, start_spoke
 
 from fabric.wanproxy import WanProxy
 
@@ -264,11 +264,6 @@ class System:
         raise NotImplementedError
 
 
-def fusermount_lazy(mp: str) -> None:
-    if os.path.ismount(mp):
-        subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True, check=False)
-
-
 class FabricMount(System):
     def __init__(self, env: Env, durability: str) -> None:
         self.env, self.durability = env, durability
@@ -291,14 +286,14 @@ class FabricMount(System):
         os.makedirs(self.write_dir, exist_ok=True)
         p = subprocess.run(self.mount_cmd(self.env.token), env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, text=True, check=False)
         if p.returncode != 0 or not os.path.ismount(self.root):
-            fusermount_lazy(self.root)
+            unmount(self.root)
             raise SystemExit(f"fabric mount failed (exit {p.returncode}): {p.stderr[-2000:]}\nlog:\n{tail(self.log)}")
 
     def unmount(self) -> dict:
         t0 = time.perf_counter()
         subprocess.run([*self.cli, "umount", self.root, "--timeout", "300"], env=fabric_env(), cwd=FABRIC_SRC,
                        capture_output=True, check=False)
-        fusermount_lazy(self.root)
+        unmount(self.root)
         return {"umount_s": time.perf_counter() - t0}
 
     def wan_bytes_up(self) -> int:
@@ -379,10 +374,10 @@ class RcloneMount(System):
             try:
                 self.proc.wait(300)
             except subprocess.TimeoutExpired:
-                fusermount_lazy(self.root)
-                stop(self.proc)
+                unmount(self.root)
+                stop_process(self.proc)
             self.proc = None
-        fusermount_lazy(self.root)
+        unmount(self.root)
         remove(self.cache)
         return {"umount_s": time.perf_counter() - t0}
 
@@ -462,7 +457,7 @@ def servers(args: argparse.Namespace, work: str) -> Iterator[Env]:
     """Hub, two WAN links, spoke; stopped on every way out."""
     with contextlib.ExitStack() as stack:
         hub_proc, hub_url, hub_s3, token = start_hub(work, args.python)
-        stack.callback(stop, hub_proc)
+        stack.callback(stop_process, hub_proc)
         hub = Hub(hub_url, token)
         stack.callback(hub.close)
         links = []
@@ -475,7 +470,7 @@ def servers(args: argparse.Namespace, work: str) -> Iterator[Env]:
         spoke = start_spoke(work, args.python, links[0].url_for(), token)
         if spoke is None:
             raise SystemExit("this build's `fabric spoke` has no --s3-listen; bench_s3.start_spoke cannot start it")
-        stack.callback(stop, spoke[0])
+        stack.callback(stop_process, spoke[0])
         yield Env(args.python, work, hub, hub_s3, spoke[1], token, hub.s3_keys(), links[0], links[1], args.rate_mbit,
                   args.rclone_write_back)
 

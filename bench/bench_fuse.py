@@ -39,7 +39,7 @@ import time
 from multiprocessing import Pool
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_json
+from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_json, unmount
 
 GIB = 1024**3
 SMALL = 100 * 1024
@@ -136,14 +136,6 @@ def wait_mount(mp: str, proc: subprocess.Popen | None = None, timeout: float = 6
         if time.monotonic() > deadline:
             raise SystemExit(f"{mp} was not mounted within {timeout}s")
         time.sleep(0.1)
-
-
-def unmount(mp: str) -> None:
-    for cmd in (["fusermount3", "-u", mp], ["fusermount3", "-u", "-z", mp]):
-        if not os.path.ismount(mp):
-            return
-        subprocess.run(cmd, capture_output=True)
-        time.sleep(0.3)
 
 
 class Fabric:

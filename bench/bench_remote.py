@@ -56,6 +56,7 @@ from _common import (
     run,
     run_timed,
     save_json,
+    stop_process,
     with_retries,
 )
 
@@ -107,18 +108,6 @@ def _tail(log: str) -> str:
         return ""
     with open(log, errors="replace") as f:
         return f.read()[-3000:]
-
-
-def stop(proc: subprocess.Popen | None) -> None:
-    """End a server this benchmark started (by its own PID only)."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def ensure_versions(python: str, quick: bool, seed: int) -> str:
@@ -182,7 +171,7 @@ class Hub:
         return out
 
     def stop(self) -> None:
-        stop(self.proc)
+        stop_process(self.proc)
 
 
 class Spoke:
@@ -219,7 +208,7 @@ class Spoke:
         return r.json()["id"]
 
     def stop(self) -> None:
-        stop(self.proc)
+        stop_process(self.proc)
 
 
 class RsyncDaemon:
@@ -246,7 +235,7 @@ class RsyncDaemon:
         wait_port(self.port, self.proc, self.log)
 
     def stop(self) -> None:
-        stop(self.proc)
+        stop_process(self.proc)
 
 
 class Moto:
@@ -265,7 +254,7 @@ class Moto:
         wait_http(self.url + "/moto-api/", self.proc, self.log)
 
     def stop(self) -> None:
-        stop(self.proc)
+        stop_process(self.proc)
 
 
 def rclone_env(remotes: dict[str, str]) -> dict[str, str]:

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from bench._common import machine, save_json
+from bench._common import machine, save_json, stop_process
 from fabric.api.s3.sigv4 import presign_url
 
 KiB, MiB = 1024, 1024 * 1024
@@ -172,15 +172,6 @@ def start_spoke(work: str, python: str, hub_url: str, token: str) -> tuple[subpr
     return proc, url, s3
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 # -- the benchmark -------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -287,7 +278,7 @@ def main() -> None:
                 results["runs"][size] = runs
     finally:
         for p in procs:
-            stop(p)
+            stop_process(p)
         shutil.rmtree(work, ignore_errors=True)
 
     summary: dict = {}

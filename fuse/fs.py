@@ -827,10 +827,7 @@ class FabricFS(mfusepy.Operations):
         wf = WFile(p, None, self._write_dir(), mode, uid, gid)
         with self.mu:
             self.wfiles[p] = wf
-        try:
-            self._sync(wf)
-        finally:
-            self._maybe_drop(wf)
+        self._sync_and_forget(wf)
         return 0
 
     @op
@@ -861,10 +858,7 @@ class FabricFS(mfusepy.Operations):
                 self._materialize(wf)
             wf.truncate(length)
         if wf.opens == 0:
-            try:
-                self._sync(wf)
-            finally:
-                self._maybe_drop(wf)
+            self._sync_and_forget(wf)
         return 0
 
     @op
@@ -934,6 +928,13 @@ class FabricFS(mfusepy.Operations):
                 raise
             finally:
                 wf.syncing = 0
+
+    def _sync_and_forget(self, wf: WFile) -> None:
+        """Stage a file no handle has open, then let its local state go (even if staging failed)."""
+        try:
+            self._sync(wf)
+        finally:
+            self._maybe_drop(wf)
 
     def _maybe_drop(self, wf: WFile) -> None:
         """Forget a file's local state once it is staged and no handle uses it."""
@@ -1176,10 +1177,7 @@ class FabricFS(mfusepy.Operations):
                 wf.ctime_ns = now
                 wf.generation += 1
             if wf.opens == 0:
-                try:
-                    self._sync(wf)
-                finally:
-                    self._maybe_drop(wf)
+                self._sync_and_forget(wf)
             return
         with self.mu:
             e = self.ns.lookup(p)

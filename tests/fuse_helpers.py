@@ -157,6 +157,19 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
+def slow_digest(path: str, slow_for: float) -> str:
+    """SHA-256 of a file read sequentially in 1 MiB reads, pausing 30 ms between reads for
+    the first ``slow_for`` seconds (so that a server restart lands in the middle of the read)."""
+    h = hashlib.sha256()
+    t0 = time.monotonic()
+    with open(path, "rb", buffering=0) as f:
+        while piece := f.read(1 << 20):
+            h.update(piece)
+            if time.monotonic() - t0 < slow_for:
+                time.sleep(0.03)
+    return h.hexdigest()
+
+
 def snapshot(root: str, content: bool = True, mtimes: bool = True, dirs: bool = True) -> dict[str, tuple]:
     """``relative path -> (kind, mode, size, mtime_ns, digest/target)`` of everything under ``root``."""
     out: dict[str, tuple] = {}

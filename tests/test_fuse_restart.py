@@ -16,7 +16,7 @@ import time
 import pytest
 
 from fabric.transfer import import_directory
-from tests.fuse_helpers import RestartableHub, mount_log, mounted, needs_fuse
+from tests.fuse_helpers import RestartableHub, mount_log, mounted, needs_fuse, slow_digest
 
 pytestmark = needs_fuse
 
@@ -54,15 +54,9 @@ def test_restart_during_a_long_sequential_read(rhub, tmp_path):
     opts = ("--memory-cache", "16M", "--readahead", "4M", "--server-timeout", "60")
     with mounted(rhub.url, rhub.token, f"restart-read@{commit}", tmp_path / "mnt", *opts) as mnt:
         restarter = _restart_later(rhub, after=1.0, down=2.0)
-        h = hashlib.sha256()
-        t0 = time.monotonic()
-        with open(f"{mnt}/big.bin", "rb", buffering=0) as f:
-            while piece := f.read(1 << 20):
-                h.update(piece)
-                if time.monotonic() - t0 < 4.0:
-                    time.sleep(0.03)  # slow enough that the restart lands mid-file
+        digest = slow_digest(f"{mnt}/big.bin", slow_for=4.0)
         restarter.join()
-        assert h.hexdigest() == hashlib.sha256(data).hexdigest()
+        assert digest == hashlib.sha256(data).hexdigest()
         assert "server unreachable" in mount_log(str(tmp_path / "mnt")), "the restart did not happen during the read"
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from fabric.transfer import import_directory
-from tests.fuse_helpers import fabric, file_digest, mount_log, mounted, needs_fuse
+from tests.fuse_helpers import fabric, file_digest, mount_log, mounted, needs_fuse, slow_digest
 from tests.hubserver import unique_name
 from tests.spokeserver import start_restartable_hub, start_spoke, wait_for
 
@@ -41,15 +41,9 @@ def test_mount_through_a_spoke(hub, cold_spoke_of_hub, tmp_path):
 
         t = threading.Thread(target=restart)
         t.start()
-        h = hashlib.sha256()
-        t0 = time.monotonic()
-        with open(f"{mnt}/d/big.bin", "rb", buffering=0) as f:
-            while piece := f.read(1 << 20):
-                h.update(piece)
-                if time.monotonic() - t0 < 3:
-                    time.sleep(0.03)
+        digest = slow_digest(f"{mnt}/d/big.bin", slow_for=3.0)
         t.join()
-        assert h.hexdigest() == hashlib.sha256(data).hexdigest()
+        assert digest == hashlib.sha256(data).hexdigest()
         assert "server unreachable" in mount_log(str(tmp_path / "ro"))
     with mounted(spoke.url, hub.token, f"{repo}@main", tmp_path / "rw", "--rw") as mnt:
         with open(f"{mnt}/d/new.bin", "wb") as f:
