@@ -13,7 +13,7 @@ alternative; ``rclone mount --vfs-cache-mode writes`` of the hub's S3 gateway
 (rclone's own write-back cache, across the same WAN) is the peer.
 
 Setup (one run): ``fabric hub --s3-listen`` on loopback; two in-process
-:class:`fabric.wanproxy.WanProxy` links with the same RTT and rate (default
+:class:`testbed.wanproxy.WanProxy` links with the same RTT and rate (default
 50 ms, 200 Mbit/s each way), one in front of the hub's REST port, one in front
 of its S3 port; ``fabric spoke --hub PROXY --cache-size 4GiB``. One repository
 per system, branch ``main``.
@@ -84,7 +84,7 @@ sys.path.insert(0, HERE)
 from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_json, stop_process, unmount
 from bench_s3 import start_hub, start_spoke
 
-from fabric.wanproxy import WanProxy
+from testbed.wanproxy import WanProxy
 
 MiB = 1024 * 1024
 WRITE_SIZE = 4 * MiB

@@ -54,7 +54,7 @@ CHANGED = 10
 
 INPROC = r"""
 import json, sys, time
-from fabric.engine import Engine
+from fabric.engine.engine import Engine
 store, repo, files = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 t0 = time.perf_counter()
 engine = Engine.open(store)

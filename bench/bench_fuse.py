@@ -216,9 +216,9 @@ def main() -> None:
 
     # The hub: import the tree in-process (not what is measured), then serve it.
     sys.path.insert(0, FABRIC_SRC)
-    from fabric.engine import Engine
-    from fabric.net import free_port
-    from fabric.transfer import import_directory
+    from fabric.engine.engine import Engine
+    from fabric.util.net import free_port
+    from fabric.client.transfer import import_directory
 
     hub_dir = os.path.join(stores, "hub")
     engine = Engine.open(hub_dir)

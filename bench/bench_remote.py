@@ -3,7 +3,7 @@
 
 Per round, with fresh stores, each tool pushes v1 and then v2 of the
 ``versions`` data set (bench/gen_dataset.py) to a server on loopback; the
-bytes on the wire are counted by a :class:`fabric.wanproxy.WanProxy` between
+bytes on the wire are counted by a :class:`testbed.wanproxy.WanProxy` between
 the client and the server (the same counter for every tool: TCP payload both
 ways, headers and protocol included), and each push is timed as a whole
 process::
@@ -61,7 +61,7 @@ from _common import (
 )
 
 sys.path.insert(0, FABRIC_SRC)
-from fabric.wanproxy import WanProxy
+from testbed.wanproxy import WanProxy
 
 MiB = 1024 * 1024
 WORK = os.path.join(HERE, "work")

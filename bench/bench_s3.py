@@ -136,7 +136,7 @@ def _env() -> dict:
 
 
 def start_hub(work: str, python: str) -> tuple[subprocess.Popen, str, str, str]:
-    from fabric.net import free_port
+    from fabric.util.net import free_port
 
     port, s3port = free_port(), free_port()
     log = open(os.path.join(work, "hub.log"), "wb")  # noqa: SIM115 - the server writes it until stopped
@@ -154,7 +154,7 @@ def start_hub(work: str, python: str) -> tuple[subprocess.Popen, str, str, str]:
 
 def start_spoke(work: str, python: str, hub_url: str, token: str) -> tuple[subprocess.Popen, str, str] | None:
     """A spoke in front of the hub, per DESIGN.md section 6; None when this build has no spoke."""
-    from fabric.net import free_port
+    from fabric.util.net import free_port
 
     probe = subprocess.run([python, "-m", "fabric.cli.main", "spoke", "--help"], capture_output=True, env=_env(), check=False)
     if probe.returncode != 0 or b"--s3-listen" not in probe.stdout:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reads through a spoke over a WAN (issue 4): fabric's spoke vs rsync and rclone, same emulated link.
 
-A :class:`fabric.wanproxy.WanProxy` (default 50 ms RTT, 1 Gbit/s each way)
+A :class:`testbed.wanproxy.WanProxy` (default 50 ms RTT, 1 Gbit/s each way)
 sits between the reader's side and the origin of every tool, and counts the
 bytes that cross it (TCP payload both ways, protocol included):
 

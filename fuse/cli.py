@@ -10,7 +10,7 @@ import click
 
 from fabric.cli.context import handle_errors
 from fabric.errors import BadRequest
-from fabric.refs import split_repo_ref
+from fabric.engine.refs import split_repo_ref
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -219,8 +219,3 @@ def umount(mountpoint: str, lazy: bool, timeout: float) -> None:
     from .mount import unmount
 
     unmount(mountpoint, lazy, timeout)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(mount)
-    cli.add_command(umount)

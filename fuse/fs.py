@@ -10,7 +10,7 @@ With ``--rw`` (branches only), writes go to local temporary files
 (:mod:`fuse.writer`) and are staged on the branch when the file is closed,
 fsynced or renamed; metadata changes (chmod, chown, utimens, mkdir, rmdir,
 rename, symlink, unlink) are staged at once, each as one atomic
-:meth:`~fabric.plane.DataPlane.stage` call. ``fabric commit`` (or the
+:meth:`~fabric.plane.dataplane.DataPlane.stage` call. ``fabric commit`` (or the
 mount's own ``--commit-interval`` / ``--commit-on-unmount``) turns staged
 changes into a commit.
 
@@ -63,9 +63,9 @@ from fabric.errors import (
     StorageFull,
     Unauthorized,
 )
-from fabric.lru import BytesLRU
-from fabric.model import DEFAULT_DIR_MODE, DIR, FILE, SYMLINK, Entry
-from fabric.paths import check_path
+from fabric.cache.lru import BytesLRU
+from fabric.format.model import DEFAULT_DIR_MODE, DIR, FILE, SYMLINK, Entry
+from fabric.format.paths import check_path
 
 from .namespace import Namespace, split
 from .reader import Fetcher, FileReader, chunk_disk_cache

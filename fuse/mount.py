@@ -63,7 +63,7 @@ def read_state(mountpoint: str) -> dict | None:
 
 
 def open_plane(server: str, token: str | None, durability: str):
-    from fabric.client import HttpPlane
+    from fabric.client.http import HttpPlane
 
     plane = HttpPlane(server, token)
     # Spokes acknowledge writes once durable at this level; a hub is always at "hub".

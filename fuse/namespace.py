@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from fabric.model import DIR, FILE, Entry
+from fabric.format.model import DIR, FILE, Entry
 
 from .retry import Health, ServerGone
 

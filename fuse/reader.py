@@ -1,11 +1,11 @@
 """Chunk-level reads: whole chunks fetched in batches, ahead of the kernel.
 
 A mount never pays a network round trip per kernel read. A file's entry
-(from :meth:`~fabric.plane.DataPlane.stat_chunks` or a whole-entry listing)
+(from :meth:`~fabric.plane.dataplane.DataPlane.stat_chunks` or a whole-entry listing)
 lists its chunks; :class:`Fetcher` gets chunks from the memory cache, the
-disk cache, or the server with one :meth:`~fabric.plane.DataPlane.frames`
+disk cache, or the server with one :meth:`~fabric.plane.dataplane.DataPlane.frames`
 request for many ids, verifies each frame against its id
-(:func:`fabric.frames.decode`) and shares in-flight fetches between readers.
+(:func:`fabric.format.frames.decode`) and shares in-flight fetches between readers.
 :class:`FileReader` serves ``read(offset, size)`` from whole chunks and keeps
 a readahead window of chunk requests running ahead of a sequential reader.
 """
@@ -18,11 +18,11 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from fabric import frames
-from fabric.chunking import chunk_id
-from fabric.diskcache import DiskCache
+from fabric.format import frames
+from fabric.format.chunking import chunk_id
+from fabric.cache.disk import DiskCache
 from fabric.errors import Corruption
-from fabric.lru import BytesLRU
+from fabric.cache.lru import BytesLRU
 
 from .retry import Health
 

@@ -8,11 +8,11 @@ read and stat of its path inside the mount is served from it
 (read-your-writes).
 
 Syncing (on ``close``, ``fsync``, ``release``, and before a rename) chunks
-the temporary file with :func:`fabric.ingest.ingest_stream` into the data
-plane's :meth:`~fabric.plane.DataPlane.chunk_sink`, which sends only the
+the temporary file with :func:`fabric.format.ingest.ingest_stream` into the data
+plane's :meth:`~fabric.plane.dataplane.DataPlane.chunk_sink`, which sends only the
 chunks the server lacks, closes the sink (every chunk stored), and returns
 the file entry that the filesystem stages with
-:meth:`~fabric.plane.DataPlane.stage`.
+:meth:`~fabric.plane.dataplane.DataPlane.stage`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import os
 import threading
 import time
 
-from fabric.ingest import ingest_stream
-from fabric.model import FILE, Entry
+from fabric.format.ingest import ingest_stream
+from fabric.format.model import FILE, Entry
 
 from .reader import FileReader
 

@@ -6,8 +6,8 @@ from fastapi import FastAPI
 
 from fabric.api.auth_http import token_authenticator
 from fabric.api.service import service_app
-from fabric.auth import TokenStore
-from fabric.engine import Engine
+from fabric.auth.tokens import TokenStore
+from fabric.engine.engine import Engine
 
 from .tokens import tokens_router
 from .watch import watch_router

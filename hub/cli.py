@@ -6,11 +6,11 @@ import logging
 
 import click
 
-from fabric.auth import TokenStore, write_bootstrap_token
+from fabric.auth.tokens import TokenStore, write_bootstrap_token
 from fabric.catalog.db import redact
 from fabric.cli.context import handle_errors
-from fabric.engine import Engine
-from fabric.net import parse_listen
+from fabric.engine.engine import Engine
+from fabric.util.net import parse_listen
 
 log = logging.getLogger("fabric.hub")
 
@@ -91,7 +91,3 @@ def hub(
     s3_config = s3_uvicorn_config(s3_app, s3_addr[0], s3_addr[1], log_level, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
     log.info("S3 API on %s://%s:%d", "https" if tls_cert else "http", s3_addr[0], s3_addr[1])
     serve_together([config, s3_config])
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(hub)

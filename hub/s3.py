@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from fabric.api.s3 import S3Gateway
-from fabric.auth import TokenStore
-from fabric.engine import Engine
+from fabric.auth.tokens import TokenStore
+from fabric.engine.engine import Engine
 
 
 def create_s3_app(

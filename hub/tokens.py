@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, Field
 
-from fabric.auth import Principal, TokenStore
+from fabric.auth.principal import Principal
+from fabric.auth.tokens import TokenStore
 
 
 class TokenCreate(BaseModel):

@@ -19,7 +19,7 @@ import anyio
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
-from fabric.auth import Principal
+from fabric.auth.principal import Principal
 from fabric.catalog import Catalog
 
 POLL_SECONDS = 0.1

@@ -16,8 +16,8 @@ import time
 
 import httpx
 
-from fabric.auth import Principal
-from fabric.client import raise_for_error
+from fabric.auth.principal import Principal
+from fabric.client.http import raise_for_error
 from fabric.errors import Unauthorized, Unavailable
 
 from .state import SpokeState

@@ -7,8 +7,8 @@ import logging
 import click
 
 from fabric.cli.context import handle_errors
-from fabric.net import parse_listen
-from fabric.sizes import parse_size
+from fabric.util.net import parse_listen
+from fabric.util.sizes import parse_size
 
 log = logging.getLogger("fabric.spoke")
 
@@ -72,7 +72,3 @@ def spoke(
         serve_together([config, s3_uvicorn_config(gateway, s3_host, s3_port, log_level)])
     finally:
         plane.close()
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(spoke)

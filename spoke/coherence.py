@@ -17,9 +17,9 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from fabric.client import HttpPlane
+from fabric.client.http import HttpPlane
 from fabric.errors import FabricError, Unavailable
-from fabric.model import Entry
+from fabric.format.model import Entry
 
 from .state import SpokeState
 from .traffic import METADATA, Traffic
@@ -214,7 +214,7 @@ class RefTracker:
 
 @dataclass
 class BranchStaging:
-    """A snapshot of a branch's staging area (implements :class:`fabric.reader.Staging`)."""
+    """A snapshot of a branch's staging area (implements :class:`fabric.engine.reader.Staging`)."""
 
     head: str
     seq: int

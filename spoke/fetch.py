@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
-from fabric import frames
-from fabric.diskcache import DiskCache
+from fabric.format import frames
+from fabric.cache.disk import DiskCache
 from fabric.errors import Corruption, FabricError, NotFound
 
 from .traffic import DEMAND, PREFETCH, Traffic

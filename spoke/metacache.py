@@ -1,6 +1,6 @@
 """Metadata objects at a spoke: read through a local cache from the hub.
 
-A :class:`~fabric.metastore.MetaStore` over :class:`CachedMetaSource` gives
+A :class:`~fabric.engine.metastore.MetaStore` over :class:`CachedMetaSource` gives
 the spoke the same trees, ranges, chunk lists and commits as the hub, fetched
 once (in batches when the reader announces what it will need) and then kept:
 they are immutable and verified against their ids on every read.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from fabric.diskcache import DiskCache
+from fabric.cache.disk import DiskCache
 from fabric.errors import BadRequest, Corruption, ObjectNotFound
-from fabric.metastore import MetaStore, decode_object
+from fabric.engine.metastore import MetaStore, decode_object
 
 from .traffic import METADATA, Traffic
 

@@ -19,19 +19,19 @@ from typing import BinaryIO
 
 import httpx
 
-from fabric import frames, packs
-from fabric.client import UPLOAD_PACK_SIZE, HttpPlane
-from fabric.diskcache import DiskCache
+from fabric.format import frames, packs
+from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane
+from fabric.cache.disk import DiskCache
 from fabric.errors import BadRequest, FabricError, NotFound, Unavailable
-from fabric.ingest import PackSession, file_entry, ingest_stream
-from fabric.listing import Change, Listing, change_kind
-from fabric.model import FILE, Commit, Entry
-from fabric.paths import COMMIT_ID_RE, check_path, check_prefix
-from fabric.plane import DataPlane
-from fabric.progress import Progress
-from fabric.reader import Reader, View
-from fabric.refs import parse_ref
-from fabric.tree import Trees
+from fabric.format.ingest import PackSession, file_entry, ingest_stream
+from fabric.format.listing import Change, Listing, change_kind
+from fabric.format.model import FILE, Commit, Entry
+from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix
+from fabric.plane.dataplane import DataPlane
+from fabric.util.progress import Progress
+from fabric.engine.reader import Reader, View
+from fabric.engine.refs import parse_ref
+from fabric.engine.tree import Trees
 
 from .coherence import RefTracker, StagingCache
 from .fetch import READAHEAD, FetchScheduler
@@ -55,7 +55,7 @@ def _frame_intact(_chunk_id: bytes, frame: bytes) -> bool:
 
 
 class OverlayStaging:
-    """Queued local writes on top of the hub's staging snapshot (a :class:`fabric.reader.Staging`)."""
+    """Queued local writes on top of the hub's staging snapshot (a :class:`fabric.engine.reader.Staging`)."""
 
     def __init__(self, pending: dict[str, bytes | None], base) -> None:  # noqa: ANN001 - a Staging
         self.pending = pending

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from fabric.api.s3 import S3Gateway
-from fabric.auth import Principal
+from fabric.auth.principal import Principal
 
 from .plane import SpokePlane
 from .remember import Remembered

@@ -25,11 +25,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from fabric import packs
-from fabric.client import HttpPlane
-from fabric.diskcache import DiskCache
+from fabric.format import packs
+from fabric.client.http import HttpPlane
+from fabric.cache.disk import DiskCache
 from fabric.errors import FabricError, Unavailable
-from fabric.model import FILE, Entry
+from fabric.format.model import FILE, Entry
 
 from .traffic import PUSH, Traffic
 

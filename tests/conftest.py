@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from fabric.engine import Engine
+from fabric.engine.engine import Engine
 from tests.moto_server import start_moto
 from tests.pgserver import drop_database, fresh_database, postgres_available, postgres_unavailable_reason, start_postgres
 

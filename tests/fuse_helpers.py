@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric.net import free_port
+from fabric.util.net import free_port
 from tests.hubserver import ROOT, _wait_healthy, hub_env, stop
 
 FABRIC = [sys.executable, "-m", "fabric.cli.main"]
@@ -136,7 +136,7 @@ class RestartableHub:
         self.proc = None
 
     def plane(self):
-        from fabric.client import HttpPlane
+        from fabric.client.http import HttpPlane
 
         return HttpPlane(self.url, self.token)
 

@@ -4,7 +4,7 @@ Usage::
 
     with start_hub(tmp_path / "hub") as hub:            # SQLite catalog in DIR
         r = hub.client().get("/api/v1/repos")            # admin token attached
-        hub.plane().create_repo("datasets")              # fabric.client.HttpPlane
+        hub.plane().create_repo("datasets")              # fabric.client.http.HttpPlane
         hub.rss()                                        # resident bytes of the hub process
         hub.log()                                        # everything it wrote to stdout/stderr
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from fabric.net import free_port
+from fabric.util.net import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT = 60.0
@@ -57,8 +57,8 @@ class Hub:
         headers.update(kwargs.pop("headers", {}))
         return httpx.Client(base_url=self.url, headers=headers, timeout=kwargs.pop("timeout", 120.0), **kwargs)
 
-    def plane(self, token: str | None | bool = True):  # -> fabric.client.HttpPlane
-        from fabric.client import HttpPlane
+    def plane(self, token: str | None | bool = True):  # -> fabric.client.http.HttpPlane
+        from fabric.client.http import HttpPlane
 
         return HttpPlane(self.url, self.token if token is True else (token or None))
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from fabric.net import free_port
+from fabric.util.net import free_port
 from tests.hubserver import ROOT, Hub, start_hub
 
 REGION = "us-east-1"

@@ -4,7 +4,7 @@ Usage::
 
     with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token) as spoke:
         spoke.client(token).get("/api/v1/stats")       # httpx client, caller's token
-        spoke.plane(token).read_stream(...)            # fabric.client.HttpPlane on the spoke
+        spoke.plane(token).read_stream(...)            # fabric.client.http.HttpPlane on the spoke
         spoke.stats()                                  # GET /api/v1/stats (as the spoke's token)
         spoke.kill()                                   # SIGKILL, no clean-up at all
         spoke.restart()                                # same cache dir, same port
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from fabric.net import free_port
+from fabric.util.net import free_port
 from tests.hubserver import ROOT, hub_env, stop
 
 START_TIMEOUT = 60.0
@@ -115,7 +115,7 @@ class Spoke:
         )
 
     def plane(self, token: str | None | bool = True):
-        from fabric.client import HttpPlane
+        from fabric.client.http import HttpPlane
 
         return HttpPlane(self.url, self.token if token is True else (token or None))
 
@@ -268,7 +268,7 @@ class RestartableHub:
             stop(self.proc)
 
     def plane(self, token: str | None | bool = True):
-        from fabric.client import HttpPlane
+        from fabric.client.http import HttpPlane
 
         return HttpPlane(self.url, self.token if token is True else (token or None))
 

@@ -15,8 +15,8 @@ import httpx
 import msgpack
 import pytest
 
-from fabric import chunking, frames, packs
-from fabric.model import Entry
+from fabric.format import chunking, frames, packs
+from fabric.format.model import Entry
 from tests.hubserver import Hub, hub_env, unique_name
 from tests.test_rest_api import expect_error
 
@@ -212,7 +212,7 @@ def test_frames_stream_back_and_decode(c: httpx.Client):
     # Compressible chunks travel compressed.
     assert len(got[ids[11]]) < len(chunks[11]) // 2
     # The client library parses the same stream.
-    from fabric.client import HttpPlane
+    from fabric.client.http import HttpPlane
 
     plane = HttpPlane(str(c.base_url).rstrip("/"), c.headers["authorization"][7:])
     assert {cid: frames.decode(f, cid) for cid, f in plane.frames(ids)} == dict(zip(ids, chunks))

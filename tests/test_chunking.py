@@ -9,8 +9,8 @@ import random
 import blake3
 import pytest
 
-from fabric import chunking
-from fabric.chunking import MAX_CHUNK, MIN_CHUNK, chunk_id, cut, cut_stream, file_chunks
+from fabric.format import chunking
+from fabric.format.chunking import MAX_CHUNK, MIN_CHUNK, chunk_id, cut, cut_stream, file_chunks
 
 MiB = 1024 * 1024
 

@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from fabric.engine import Engine
+from fabric.engine.engine import Engine
 from fabric.errors import BadRequest, Conflict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from fabric.engine import Engine
+from fabric.engine.engine import Engine
 from fabric.errors import Corruption, FabricError
-from fabric.frames import HEADER_LEN, RAW, ZSTD
-from fabric.transfer import import_directory
+from fabric.format.frames import HEADER_LEN, RAW, ZSTD
+from fabric.client.transfer import import_directory
 from tests.helpers.fstree import write_file
 
 MiB = 1 << 20
@@ -172,7 +172,7 @@ def test_chunk_id_mismatch_is_caught_even_with_a_valid_checksum(seeded, tmp_path
     """A frame rewritten with a correct checksum but other bytes (a bad copy) still fails its id."""
     import xxhash
 
-    from fabric.frames import HEADER
+    from fabric.format.frames import HEADER
 
     cli, contents = seeded
     cid, loc, _ = locate(cli.data, "random.bin")

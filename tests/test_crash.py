@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from fabric.engine import Engine
+from fabric.engine.engine import Engine
 from tests.helpers.fstree import assert_same_tree, random_files, snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fabric import frames
-from fabric.chunking import chunk_id
-from fabric.client import HttpPlane
+from fabric.format import frames
+from fabric.format.chunking import chunk_id
+from fabric.client.http import HttpPlane
 from fabric.errors import Corruption, FabricError, NotFound
-from fabric.diskcache import DiskCache
+from fabric.cache.disk import DiskCache
 from spoke.fetch import BACKGROUND, DEMAND_PRIORITY, FetchScheduler
 from spoke.traffic import CountingTransport, Traffic
 from tests.hubserver import Hub, unique_name
@@ -254,7 +254,7 @@ def test_unknown_chunk_fails_its_reader_and_the_workers_carry_on(
 
 
 def test_hub_unreachable_is_an_error_not_a_hang(tmp_path, dataset, traffic) -> None:
-    from fabric.net import free_port
+    from fabric.util.net import free_port
 
     _, order = dataset
     dead = HttpPlane(f"http://127.0.0.1:{free_port()}", "t", timeout=5)

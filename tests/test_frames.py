@@ -8,8 +8,8 @@ import pytest
 import xxhash
 import zstandard
 
-from fabric import frames
-from fabric.chunking import MAX_CHUNK, chunk_id
+from fabric.format import frames
+from fabric.format.chunking import MAX_CHUNK, chunk_id
 from fabric.errors import Corruption
 
 

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fabric.transfer import import_directory
-from fabric.wanproxy import WanProxy
+from fabric.client.transfer import import_directory
+from testbed.wanproxy import WanProxy
 from tests.fuse_helpers import (
     diff_snapshots,
     fabric,

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from fabric.transfer import import_directory
+from fabric.client.transfer import import_directory
 from tests.fuse_helpers import RestartableHub, mount_log, mounted, needs_fuse, slow_digest
 
 pytestmark = needs_fuse

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from fabric.transfer import import_directory
+from fabric.client.transfer import import_directory
 from tests.fuse_helpers import fabric, file_digest, mount_log, mounted, needs_fuse, slow_digest
 from tests.hubserver import unique_name
 from tests.spokeserver import start_restartable_hub, start_spoke, wait_for

@@ -28,7 +28,7 @@ from fabric.errors import (
     ObjectNotFound,
     Unavailable,
 )
-from fabric.objstore import (
+from fabric.store import (
     CountingStore,
     FaultInjectingStore,
     FsspecStore,

@@ -8,11 +8,11 @@ import struct
 
 import pytest
 
-from fabric import frames, packs
-from fabric.chunking import chunk_id
-from fabric.engine import Engine
+from fabric.format import frames, packs
+from fabric.format.chunking import chunk_id
+from fabric.engine.engine import Engine
 from fabric.errors import BadRequest, Corruption, NotFound
-from fabric.packs import (
+from fabric.format.packs import (
     FOOTER,
     INDEX_ROW,
     MAGIC,

@@ -645,8 +645,8 @@ def test_stage_entries_msgpack(c: httpx.Client, repo: str):
     info = put(c, repo, "orig", b"0123456789" * 5000)
     r = c.get(f"{API}/repos/{repo}/refs/main/stat", params={"path": "orig"}).json()
     assert r["etag"] == info["etag"]
-    from fabric import chunking
-    from fabric.model import Entry
+    from fabric.format import chunking
+    from fabric.format.model import Entry
 
     data = b"0123456789" * 5000
     chunks = [(chunking.chunk_id(p), len(p)) for p in chunking.cut(data)]

@@ -17,9 +17,9 @@ import unicodedata
 
 import pytest
 
-from fabric.engine import Engine
+from fabric.engine.engine import Engine
 from fabric.errors import BadRequest
-from fabric.transfer import export_tree, import_directory
+from fabric.client.transfer import export_tree, import_directory
 from tests.helpers.fstree import (
     assert_same_tree,
     file_digest,

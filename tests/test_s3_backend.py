@@ -15,10 +15,10 @@ import uuid
 import boto3
 import pytest
 
-from fabric.engine import Engine
+from fabric.engine.engine import Engine
 from fabric.errors import Corruption
-from fabric.maintenance import Walker, fsck, gc
-from fabric.transfer import export_tree, import_directory
+from fabric.engine.maintenance import Walker, fsck, gc
+from fabric.client.transfer import export_tree, import_directory
 from tests.helpers.fstree import assert_same_tree, random_files, snapshot, write_file
 
 MiB = 1 << 20

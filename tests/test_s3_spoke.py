@@ -9,7 +9,7 @@ import os
 import pytest
 from botocore.exceptions import ClientError
 
-from fabric.net import free_port
+from fabric.util.net import free_port
 from tests.s3_helpers import S3Hub, _wait_s3, start_s3_hub, unique
 from tests.spokeserver import start_spoke
 

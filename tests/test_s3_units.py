@@ -95,7 +95,7 @@ def test_upload_maintenance_refreshes_part_chunks_and_expires_old_uploads(sqlite
     g = S3Gateway(e, None, state_dir=str(tmp_path / "s3"), upload_expiry=3600)
     try:
         sink = e.chunk_sink()
-        from fabric.ingest import ingest_stream
+        from fabric.format.ingest import ingest_stream
 
         chunks, md5 = ingest_stream(io.BytesIO(b"part data" * 1000), sink)
         sink.close()

@@ -1,7 +1,7 @@
 """Coherence between a hub and a spoke: commit visibility, the lease, snapshot isolation.
 
 Real hub and spoke processes on loopback; the stream-cut test puts the WAN
-emulator (fabric.wanproxy) between the spoke and the hub.
+emulator (testbed.wanproxy) between the spoke and the hub.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fabric.client import HttpPlane
-from fabric.wanproxy import WanProxy
+from fabric.client.http import HttpPlane
+from testbed.wanproxy import WanProxy
 from spoke.coherence import RefTracker, StagingCache
 from spoke.state import SpokeState
 from spoke.traffic import Traffic

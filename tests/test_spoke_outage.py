@@ -16,12 +16,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fabric import frames, packs
-from fabric.chunking import chunk_id
-from fabric.client import UPLOAD_PACK_SIZE
+from fabric.format import frames, packs
+from fabric.format.chunking import chunk_id
+from fabric.client.http import UPLOAD_PACK_SIZE
 from fabric.errors import BadRequest, StorageFull, Unavailable
-from fabric.ingest import PackSession, file_entry, ingest_stream
-from fabric.model import Entry
+from fabric.format.ingest import PackSession, file_entry, ingest_stream
+from fabric.format.model import Entry
 from spoke.plane import SpokePlane
 from tests.hubserver import unique_name
 from tests.spokeserver import (

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fabric.model import FILE, Entry
+from fabric.format.model import FILE, Entry
 from tests.hubserver import Hub, hub_env, unique_name
 from tests.spokeserver import (
     ROOT,

@@ -6,10 +6,10 @@ import io
 
 import pytest
 
-from fabric.engine import Engine
+from fabric.engine.engine import Engine
 from fabric.errors import BadRequest, InvalidName, InvalidPath
-from fabric.model import FILE, Entry
-from fabric.paths import (
+from fabric.format.model import FILE, Entry
+from fabric.format.paths import (
     MAX_NAME_BYTES,
     MAX_PATH_BYTES,
     check_path,

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from fabric.engine import Engine
+from fabric.engine.engine import Engine
 from fabric.errors import (
     BadRequest,
     Conflict,
@@ -22,7 +22,7 @@ from fabric.errors import (
     NotFound,
     RangeNotSatisfiable,
 )
-from fabric.model import DIR, FILE, INLINE_CHUNKS, Entry
+from fabric.format.model import DIR, FILE, INLINE_CHUNKS, Entry
 
 REPO = "datasets"
 

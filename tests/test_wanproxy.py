@@ -1,4 +1,4 @@
-"""The WAN emulator (fabric.wanproxy): real sockets on loopback, bounded time."""
+"""The WAN emulator (testbed.wanproxy): real sockets on loopback, bounded time."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from fabric.wanproxy import WanProxy
+from testbed.wanproxy import WanProxy
 
 pytestmark = pytest.mark.timeout(120)
 

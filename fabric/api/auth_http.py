@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from fastapi import Request
 
-from ..auth import ANONYMOUS_ADMIN, Principal
-from ..errors import Unauthorized
+from fabric.auth.principal import ANONYMOUS_ADMIN, Principal
+from fabric.errors import Unauthorized
 
 
 def bearer_token(request: Request) -> str | None:

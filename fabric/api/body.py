@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio.from_thread
 from starlette.requests import ClientDisconnect, Request
 
-from ..errors import BadRequest
+from fabric.errors import BadRequest
 
 
 class BodyReader:

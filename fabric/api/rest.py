@@ -1,6 +1,6 @@
 """REST API v1 over any data plane (served by the hub and by every spoke).
 
-Routes translate HTTP to :class:`~fabric.plane.DataPlane` calls and
+Routes translate HTTP to :class:`~fabric.plane.dataplane.DataPlane` calls and
 :mod:`fabric.errors` to statuses; every route checks the caller's role on the
 repository it touches before calling the plane.
 """
@@ -18,13 +18,13 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from ..auth import ROLES, Principal
-from ..errors import BadRequest, Corruption, FabricError, Forbidden, NotFound, RangeNotSatisfiable
-from ..listing import Change
-from ..model import Commit
-from ..plane import DataPlane
-from .body import BodyReader
-from .wire import MSGPACK, STAGING_SEQ_HEADER, entry_json, hex_ids, unpack_changes
+from fabric.auth.principal import ROLES, Principal
+from fabric.errors import BadRequest, Corruption, FabricError, Forbidden, NotFound, RangeNotSatisfiable
+from fabric.format.listing import Change
+from fabric.format.model import Commit
+from fabric.plane.dataplane import DataPlane
+from fabric.api.body import BodyReader
+from fabric.plane.wire import MSGPACK, STAGING_SEQ_HEADER, entry_json, hex_ids, unpack_changes
 
 MAX_PACK_BYTES = 256 * 1024 * 1024
 MAX_CHANGES_BYTES = 512 * 1024 * 1024

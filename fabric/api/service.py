@@ -7,11 +7,11 @@ from collections.abc import Callable, Mapping
 from fastapi import FastAPI
 from prometheus_client import Gauge
 
-from .. import __version__
-from ..auth import Principal
-from .errors import install_error_handlers
-from .metrics import Metrics, MetricsMiddleware
-from .rest import PlaneGetter, build_router
+from fabric import __version__
+from fabric.auth.principal import Principal
+from fabric.api.errors import install_error_handlers
+from fabric.api.metrics import Metrics, MetricsMiddleware
+from fabric.api.rest import PlaneGetter, build_router
 
 
 def service_app(

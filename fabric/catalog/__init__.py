@@ -1,6 +1,6 @@
 """The SQL catalog: repositories, refs, staging, and the chunk index."""
 
-from .catalog import Catalog, RefRow
-from .db import Database, redact
+from fabric.catalog.catalog import Catalog, RefRow
+from fabric.catalog.db import Database, redact
 
 __all__ = ["Catalog", "Database", "RefRow", "redact"]

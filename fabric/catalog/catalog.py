@@ -11,9 +11,9 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ..errors import Conflict, NotFound
-from .db import Database, batched, placeholders
-from .schema import SCHEMA, SCHEMA_VERSION
+from fabric.errors import Conflict, NotFound
+from fabric.catalog.db import Database, batched, placeholders
+from fabric.catalog.schema import SCHEMA, SCHEMA_VERSION
 
 BRANCH = "branch"
 TAG = "tag"

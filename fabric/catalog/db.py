@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import BadRequest, Unavailable
+from fabric.errors import BadRequest, Unavailable
 
 DDL_TYPES = {
     "sqlite": {"blob": "BLOB", "text_c": "TEXT", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "real": "REAL"},

@@ -12,9 +12,9 @@ from typing import Any
 
 import click
 
-from ..errors import FabricError
-from ..plane import DataPlane
-from ..progress import TqdmProgress
+from fabric.errors import FabricError
+from fabric.plane.dataplane import DataPlane
+from fabric.util.progress import TqdmProgress
 
 DEFAULT_DATA = os.path.join(".fabric", "hub")
 
@@ -35,11 +35,11 @@ class Ctx:
         """What commands act on: the server at --server, else the local data directory."""
         if self._plane is None:
             if self.server:
-                from ..client import HttpPlane
+                from fabric.client.http import HttpPlane
 
                 self._plane = HttpPlane(self.server, self.token)
             else:
-                from ..engine import Engine
+                from fabric.engine.engine import Engine
 
                 self._plane = Engine.open(self.data, self.db, self.store)
         return self._plane

@@ -1,13 +1,21 @@
-"""Entry point of the ``fabric`` command."""
+"""Entry point of the ``fabric`` command.
+
+The core commands live in this package, one module per group (``*_cmd.py``).
+Commands of the service packages (``fabric hub``, ``fabric spoke``, ``fabric
+mount``, ``fabric wan-proxy``...) are declared as entry points of the group
+``fabric.commands`` in ``pyproject.toml`` and loaded only when used, so the
+core library never imports a service and a short command does not pay for
+importing every service.
+"""
 
 from __future__ import annotations
 
-import importlib
+from importlib.metadata import entry_points
 
 import click
 
-from .. import __version__
-from . import (
+from fabric import __version__
+from fabric.cli import (
     bucket_cmd,
     maint_cmd,
     objects_cmd,
@@ -16,14 +24,32 @@ from . import (
     token_cmd,
     transfer_cmd,
     up_cmd,
-    wan_cmd,
 )
-from .context import DEFAULT_DATA, Ctx
+from fabric.cli.context import DEFAULT_DATA, Ctx
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
+#: The entry-point group through which service packages add their commands.
+COMMAND_GROUP = "fabric.commands"
 
-@click.group(context_settings=CONTEXT)
+
+class FabricGroup(click.Group):
+    """The core commands plus those of the installed service packages, loaded on demand."""
+
+    def _service_commands(self) -> dict:
+        return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._service_commands()))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is None and (ep := self._service_commands().get(name)) is not None:
+            command = ep.load()
+        return command
+
+
+@click.group(cls=FabricGroup, context_settings=CONTEXT)
 @click.option(
     "--data",
     envvar="FABRIC_DATA",
@@ -68,14 +94,8 @@ def cli(
     ctx.obj = Ctx(data, db, store, server, token, as_json, quiet)
 
 
-for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd, token_cmd, up_cmd, wan_cmd, bucket_cmd):
+for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd, token_cmd, up_cmd, bucket_cmd):
     module.register(cli)
-
-#: Service packages add their commands (``fabric hub``, ``fabric spoke``, ...)
-#: by name, so the core library never imports a service.
-SERVICE_COMMANDS = ("hub.cli", "spoke.cli", "fuse.cli")
-for name in SERVICE_COMMANDS:
-    importlib.import_module(name).register(cli)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .context import Ctx, handle_errors, human_size, pass_ctx
+from fabric.cli.context import Ctx, handle_errors, human_size, pass_ctx
 
 
 @click.command("fsck")

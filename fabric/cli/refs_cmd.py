@@ -6,9 +6,9 @@ import time
 
 import click
 
-from .context import Ctx, handle_errors, pass_ctx
-from .objects_cmd import repo_ref
-from .transfer_cmd import repo_branch
+from fabric.cli.context import Ctx, handle_errors, pass_ctx
+from fabric.cli.objects_cmd import repo_ref
+from fabric.cli.transfer_cmd import repo_branch
 
 
 def _commit_line(c: dict) -> str:

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from .context import Ctx, handle_errors, pass_ctx
+from fabric.cli.context import Ctx, handle_errors, pass_ctx
 
 
 @click.group("token")

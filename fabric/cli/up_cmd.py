@@ -12,7 +12,7 @@ import time
 import click
 import httpx
 
-from .context import handle_errors
+from fabric.cli.context import handle_errors
 
 BASE = ".fabric"
 

@@ -59,7 +59,7 @@ def main() -> None:
 
 class EngineWriter:
     def __init__(self, args: argparse.Namespace) -> None:
-        from fabric.engine import Engine
+        from fabric.engine.engine import Engine
 
         self.args = args
         self.engine = Engine.open(args.data, db_url=args.db)

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import blake3
 
-from fabric.model import DEFAULT_DIR_MODE
+from fabric.format.model import DEFAULT_DIR_MODE
 
 BLOCK = 1 << 20
 

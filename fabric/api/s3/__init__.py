@@ -1,5 +1,5 @@
 """The S3 API: SigV4 authentication, XML documents, and a gateway over any data plane."""
 
-from .gateway import S3Gateway, TTLCache, plane_bindings
+from fabric.api.s3.gateway import S3Gateway, TTLCache, plane_bindings
 
 __all__ = ["S3Gateway", "TTLCache", "plane_bindings"]

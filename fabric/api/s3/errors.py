@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...errors import (
+from fabric.errors import (
     BadRequest,
     Conflict,
     Corruption,

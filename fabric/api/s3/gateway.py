@@ -5,7 +5,7 @@ are ``REF/PATH`` (a branch, tag or commit id, then the path), or a *bound*
 bucket (``fabric bucket create NAME REPO@REF``, or S3 CreateBucket) whose keys
 are plain paths on one branch or tag.
 
-The gateway is thin: it translates S3 to :class:`~fabric.plane.DataPlane`
+The gateway is thin: it translates S3 to :class:`~fabric.plane.dataplane.DataPlane`
 calls and never touches a catalog or a pack store, so the hub and every spoke
 serve it unchanged over their own plane. It needs three things from its host:
 
@@ -40,16 +40,16 @@ from email.utils import formatdate, parsedate_to_datetime
 from typing import Any
 from urllib.parse import unquote
 
-from ...auth import ANONYMOUS_ADMIN, Principal
-from ...errors import BadRequest, FabricError, NotFound
-from ...ingest import file_entry, ingest_stream
-from ...model import DIR, FILE, Entry
-from ...paths import check_path, check_prefix, check_repo_name
-from ...plane import DataPlane
-from . import sigv4
-from . import xml as X
-from .errors import S3Error, from_fabric
-from .multipart import MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE, Uploads, multipart_etag
+from fabric.auth.principal import ANONYMOUS_ADMIN, Principal
+from fabric.errors import BadRequest, FabricError, NotFound
+from fabric.format.ingest import file_entry, ingest_stream
+from fabric.format.model import DIR, FILE, Entry
+from fabric.format.paths import check_path, check_prefix, check_repo_name
+from fabric.plane.dataplane import DataPlane
+from fabric.api.s3 import sigv4
+from fabric.api.s3 import xml as X
+from fabric.api.s3.errors import S3Error, from_fabric
+from fabric.api.s3.multipart import MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE, Uploads, multipart_etag
 
 log = logging.getLogger("fabric.s3")
 access_log = logging.getLogger("fabric.s3.access")

@@ -28,7 +28,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO
 from urllib.parse import quote, unquote
 
-from .errors import S3Error
+from fabric.api.s3.errors import S3Error
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 UNSIGNED = "UNSIGNED-PAYLOAD"

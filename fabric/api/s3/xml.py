@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from urllib.parse import quote
 
-from .errors import S3Error
+from fabric.api.s3.errors import S3Error
 
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 HEADER = '<?xml version="1.0" encoding="UTF-8"?>\n'

@@ -1,0 +1,444 @@
+"""A data plane over HTTP: the REST API v1 of a hub or a spoke, as a Python object.
+
+``HttpPlane(url, token)`` implements :class:`~fabric.plane.dataplane.DataPlane`, so the
+CLI, import/export and any library code run unchanged against a remote
+server. Imports chunk locally and send only the chunks the server lacks
+(a :class:`~fabric.format.ingest.PackSession` that uploads packs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, BinaryIO
+
+import httpx
+import msgpack
+
+from fabric import errors
+from fabric.auth.principal import Principal
+from fabric.plane.wire import MSGPACK, STAGING_SEQ_HEADER, commit_from_json, entry_from_json, pack_changes
+from fabric.format.ingest import PackSession
+from fabric.format.listing import Change, Listing
+from fabric.format.model import Commit, Entry
+from fabric.plane.dataplane import DataPlane
+from fabric.util.progress import Progress
+
+#: Packs sent over the network are smaller than stored ones, so a failed upload costs less.
+UPLOAD_PACK_SIZE = 16 * 1024 * 1024
+MISSING_BATCH = 10_000
+OBJECT_BATCH = 256
+
+_BY_STATUS: dict[int, type[errors.FabricError]] = {
+    400: errors.BadRequest,
+    401: errors.Unauthorized,
+    403: errors.Forbidden,
+    404: errors.NotFound,
+    409: errors.Conflict,
+    412: errors.PreconditionFailed,
+    416: errors.RangeNotSatisfiable,
+    503: errors.Unavailable,
+    507: errors.StorageFull,
+}
+
+
+def durability_header(durability: str | None) -> dict[str, str]:
+    """The request header that asks a spoke for a durability level (none: the server's default)."""
+    return {"X-Fabric-Durability": durability} if durability is not None else {}
+
+
+def raise_for_error(response: httpx.Response) -> None:
+    """Turn an error response into the matching :mod:`fabric.errors` exception."""
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()["error"]
+        message, code, details = body.pop("message"), body.pop("code", ""), body
+    except Exception:  # noqa: BLE001 - not one of our error documents
+        message, code, details = f"{response.status_code} {response.reason_phrase}: {response.text[:200]}", "", {}
+    if code == "merge_conflict":
+        raise errors.MergeConflict(message, details.get("conflicts", []))
+    if code == "corruption":
+        raise errors.Corruption(message)
+    raise _BY_STATUS.get(response.status_code, errors.FabricError)(message, **details)
+
+
+class HttpPlane(DataPlane):
+    def __init__(
+        self, url: str, token: str | None = None, timeout: float = 300.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        verify: Any = os.environ.get("FABRIC_CA_BUNDLE") or True
+        self.http = httpx.Client(
+            base_url=self.url + "/api/v1",
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            verify=verify,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    # -- plumbing ----------------------------------------------------------------
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise errors.Unavailable(f"cannot reach {self.url}: {exc}") from exc
+        raise_for_error(response)
+        return response
+
+    def _open_stream(self, request: httpx.Request) -> httpx.Response:
+        """Send a request whose response body is read as a stream (the caller closes it)."""
+        try:
+            response = self.http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise errors.Unavailable(f"cannot reach {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            response.read()
+            response.close()
+            raise_for_error(response)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._call(method, path, **kwargs).json()
+
+    # -- repositories --------------------------------------------------------------
+    def create_repo(self, name: str, default_branch: str = "main") -> dict:
+        return self._json("POST", "/repos", json={"name": name, "default_branch": default_branch})
+
+    def get_repo(self, name: str) -> dict:
+        return self._json("GET", f"/repos/{name}")
+
+    def list_repos(self) -> list[dict]:
+        return self._json("GET", "/repos")
+
+    def delete_repo(self, name: str) -> None:
+        self._call("DELETE", f"/repos/{name}")
+
+    # -- refs ----------------------------------------------------------------------
+    def resolve_commit(self, repo: str, ref: str) -> str:
+        return self._json("GET", f"/repos/{repo}/commits/{ref}")["id"]
+
+    def list_branches(self, repo: str) -> list[dict]:
+        return self._json("GET", f"/repos/{repo}/branches")
+
+    def create_branch(self, repo: str, name: str, source: str) -> dict:
+        return self._json("POST", f"/repos/{repo}/branches", json={"name": name, "source": source})
+
+    def delete_branch(self, repo: str, name: str) -> None:
+        self._call("DELETE", f"/repos/{repo}/branches/{name}")
+
+    def reset_branch(self, repo: str, name: str, ref: str) -> dict:
+        return self._json("POST", f"/repos/{repo}/branches/{name}/reset", json={"ref": ref})
+
+    def list_tags(self, repo: str) -> list[dict]:
+        return self._json("GET", f"/repos/{repo}/tags")
+
+    def create_tag(self, repo: str, name: str, ref: str) -> dict:
+        return self._json("POST", f"/repos/{repo}/tags", json={"name": name, "ref": ref})
+
+    def delete_tag(self, repo: str, name: str) -> None:
+        self._call("DELETE", f"/repos/{repo}/tags/{name}")
+
+    # -- commits -------------------------------------------------------------------
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        return commit_from_json(self._json("GET", f"/repos/{repo}/commits/{commit_id}"))
+
+    def log(self, repo: str, ref: str, path: str | None = None, limit: int = 100, after: str | None = None) -> list[Commit]:
+        out: list[Commit] = []
+        while len(out) < limit:
+            params: dict[str, Any] = {"limit": min(1000, limit - len(out))}
+            if path:
+                params["path"] = path
+            if after:
+                params["after"] = after
+            page = self._json("GET", f"/repos/{repo}/refs/{ref}/log", params=params)
+            out.extend(commit_from_json(c) for c in page["commits"])
+            after = page["next_after"]
+            if after is None:
+                break
+        return out
+
+    def commit(
+        self,
+        repo: str,
+        branch: str,
+        message: str,
+        author: str | None = None,
+        meta: Mapping[str, str] | None = None,
+        expected_head: str | None = None,
+        allow_empty: bool = False,
+    ) -> Commit:
+        body = {"message": message, "metadata": dict(meta or {}), "author": author, "expected_head": expected_head, "allow_empty": allow_empty}
+        return commit_from_json(self._json("POST", f"/repos/{repo}/branches/{branch}/commits", json=body))
+
+    def commit_changes(
+        self,
+        repo: str,
+        branch: str,
+        changes: Mapping[str, Entry | None],
+        message: str,
+        author: str | None = None,
+        meta: Mapping[str, str] | None = None,
+        expected_head: str | None = None,
+        allow_empty: bool = False,
+    ) -> Commit:
+        body = pack_changes(
+            dict(changes), message=message, author=author, meta=dict(meta or {}), expected_head=expected_head, allow_empty=allow_empty
+        )
+        response = self._json(
+            "POST", f"/repos/{repo}/branches/{branch}/commit-changes", content=body, headers={"Content-Type": MSGPACK}
+        )
+        return commit_from_json(response)
+
+    def _changes(self, path: str, params: dict[str, Any]) -> Iterator[Change]:
+        after = None
+        while True:
+            page = self._json("GET", path, params={**params, **({"after": after} if after else {})})
+            for c in page["changes"]:
+                yield Change(c["path"], c["type"], None, None)
+            after = page["next_after"]
+            if after is None:
+                return
+
+    def diff(self, repo: str, left: str, right: str, prefix: str = "") -> Iterator[Change]:
+        return self._changes(f"/repos/{repo}/refs/{left}/diff/{right}", {"prefix": prefix})
+
+    def uncommitted(self, repo: str, branch: str, prefix: str = "") -> Iterator[Change]:
+        return self._changes(f"/repos/{repo}/branches/{branch}/changes", {"prefix": prefix})
+
+    def merge(
+        self, repo: str, source: str, dest: str, strategy: str | None = None, message: str | None = None, author: str | None = None
+    ) -> Commit:
+        body = {"source": source, "strategy": strategy, "message": message, "author": author}
+        return commit_from_json(self._json("POST", f"/repos/{repo}/branches/{dest}/merge", json=body))
+
+    def revert(self, repo: str, branch: str, commit_ref: str, parent: int = 1, author: str | None = None) -> Commit:
+        body = {"commit": commit_ref, "parent": parent, "author": author}
+        return commit_from_json(self._json("POST", f"/repos/{repo}/branches/{branch}/revert", json=body))
+
+    # -- objects -------------------------------------------------------------------
+    def stat(self, repo: str, ref: str, path: str) -> Entry:
+        return entry_from_json(self._json("GET", f"/repos/{repo}/refs/{ref}/stat", params={"path": path}))
+
+    def stat_chunks(self, repo: str, ref: str, path: str) -> Entry:
+        response = self._call("GET", f"/repos/{repo}/refs/{ref}/entry", params={"path": path})
+        return Entry.from_wire(msgpack.unpackb(response.content, raw=False))
+
+    def list(self, repo: str, ref: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> Listing:
+        params = {"prefix": prefix, "delimiter": delimiter, "after": after, "limit": limit}
+        response = self._call("GET", f"/repos/{repo}/refs/{ref}/list", params=params, headers={"Accept": MSGPACK})
+        if response.headers.get("content-type", "").startswith(MSGPACK):
+            page = msgpack.unpackb(response.content, raw=False)
+            entries = [(p, Entry.from_wire(e)) for p, e in page["entries"]]
+        else:  # a server without whole-entry listings
+            page = response.json()
+            entries = [(e["path"], entry_from_json(e)) for e in page["entries"]]
+        return Listing(entries, page["prefixes"], page["next_after"])
+
+    def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
+        headers = {}
+        if offset or length is not None:
+            end = "" if length is None else str(offset + length - 1)
+            headers["Range"] = f"bytes={offset}-{end}"
+        request = self.http.build_request("GET", f"/repos/{repo}/refs/{ref}/objects", params={"path": path}, headers=headers)
+        response = self._open_stream(request)
+        return _stream(response)
+
+    def put_object(
+        self,
+        repo: str,
+        branch: str,
+        path: str,
+        stream: BinaryIO,
+        mode: int = 0o644,
+        mtime_ns: int | None = None,
+        meta: Mapping[str, str] | None = None,
+        durability: str | None = None,
+    ) -> Entry:
+        headers = {"X-Fabric-Mode": f"{mode:o}", "Content-Type": "application/octet-stream", **durability_header(durability)}
+        if mtime_ns is not None:
+            headers["X-Fabric-Mtime-Ns"] = str(mtime_ns)
+        for key, value in (meta or {}).items():
+            headers[f"X-Fabric-Meta-{key}"] = value
+
+        def body() -> Iterator[bytes]:
+            while piece := stream.read(1 << 20):
+                yield piece
+
+        return entry_from_json(
+            self._json("PUT", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, content=body(), headers=headers)
+        )
+
+    def stage(
+        self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None
+    ) -> int | None:
+        response = self._call(
+            "POST",
+            f"/repos/{repo}/branches/{branch}/entries",
+            content=pack_changes(dict(changes)),
+            headers={"Content-Type": MSGPACK, **durability_header(durability)},
+        )
+        seq = response.headers.get(STAGING_SEQ_HEADER)
+        return int(seq) if seq is not None else None
+
+    def delete_object(self, repo: str, branch: str, path: str, durability: str | None = None) -> None:
+        self._call("DELETE", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, headers=durability_header(durability))
+
+    def discard(self, repo: str, branch: str) -> None:
+        self._call("DELETE", f"/repos/{repo}/branches/{branch}/changes")
+
+    # -- chunk exchange ------------------------------------------------------------
+    def missing_chunks(self, ids: Sequence[bytes], durability: str | None = None) -> list[bytes]:
+        out: list[bytes] = []
+        unique = list(dict.fromkeys(ids))
+        headers = durability_header(durability)
+        for i in range(0, len(unique), MISSING_BATCH):
+            batch = [c.hex() for c in unique[i : i + MISSING_BATCH]]
+            reply = self._json("POST", "/chunks/missing", json={"ids": batch}, headers=headers)
+            out.extend(bytes.fromhex(c) for c in reply["missing"])
+        return out
+
+    def receive_pack(self, data: bytes, durability: str | None = None) -> tuple[int, int]:
+        headers = {"Content-Type": "application/octet-stream", **durability_header(durability)}
+        r = self._json("POST", "/chunks/packs", content=data, headers=headers)
+        return r["chunks"], r["new"]
+
+    def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        request = self.http.build_request("POST", "/chunks/frames", json={"ids": [c.hex() for c in ids]})
+        response = self._open_stream(request)
+        return _records(response)
+
+    def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for i in range(0, len(ids), OBJECT_BATCH):
+            response = self._call("POST", "/objects/batch", json={"ids": list(ids[i : i + OBJECT_BATCH])})
+            for oid, data in msgpack.unpackb(response.content, raw=False).items():
+                out[oid] = data
+        return out
+
+    def staging_snapshot(
+        self, repo: str, branch: str, since_seq: int = 0
+    ) -> tuple[str, int, list[tuple[str, bytes | None]]]:
+        response = self._call("GET", f"/repos/{repo}/branches/{branch}/staging", params={"since": since_seq})
+        body = msgpack.unpackb(response.content, raw=False)
+        return body["head"], body["seq"], [(p, e) for p, e in body["entries"]]
+
+    def chunk_sink(self) -> PackSession:
+        """New chunks go up as packs of only the frames the server lacks."""
+        return PackSession(self.missing_chunks, lambda b: self.receive_pack(b.finish()), UPLOAD_PACK_SIZE)
+
+    # -- administration ------------------------------------------------------------
+    def stats(self) -> dict:
+        return self._json("GET", "/stats")
+
+    def fsck(self, deep: bool = True, progress: Progress | None = None) -> dict:
+        return self._json("POST", "/admin/fsck", params={"deep": deep})
+
+    def gc(self, grace: float | None = None, dry_run: bool = False, progress: Progress | None = None) -> dict:
+        params: dict[str, Any] = {"dry_run": dry_run}
+        if grace is not None:
+            params["grace"] = grace
+        return self._json("POST", "/admin/gc", params=params)
+
+    # -- ref watch stream (hub only) -----------------------------------------------
+    def watch(self, since: int | None = None, read_timeout: float = 30.0) -> Iterator[dict]:
+        """Ref change events as they happen (see hub/watch.py); ends when the connection does."""
+        params = {} if since is None else {"since": since}
+        request = self.http.build_request(
+            "GET", "/watch", params=params, timeout=httpx.Timeout(read_timeout, connect=10.0)
+        )
+        response = self._open_stream(request)
+        return _json_lines(response)
+
+    # -- tokens (hub only) ---------------------------------------------------------
+    def create_token(self, name: str, admin: bool = False, roles: Mapping[str, str] | None = None) -> dict:
+        return self._json("POST", "/tokens", json={"name": name, "admin": admin, "roles": dict(roles or {})})
+
+    def list_tokens(self) -> list[dict]:
+        return self._json("GET", "/tokens")
+
+    def revoke_token(self, token_id: str) -> None:
+        self._call("DELETE", f"/tokens/{token_id}")
+
+    def s3_key(self, access_key_id: str) -> tuple[Principal, str]:
+        """``(principal, secret)`` of an S3 access key id (admin tokens only)."""
+        d = self._json("GET", f"/auth/s3-keys/{access_key_id}")
+        p = d["principal"]
+        return Principal(p["token_id"], p["name"], p["admin"], p["roles"]), d["secret"]
+
+    def whoami(self) -> dict:
+        return self._json("GET", "/auth/whoami")
+
+    # -- S3 bucket bindings --------------------------------------------------------
+    def list_buckets(self) -> list[dict]:
+        return self._json("GET", "/buckets")
+
+    def get_bucket(self, name: str) -> dict:
+        return self._json("GET", f"/buckets/{name}")
+
+    def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> dict:
+        body = {"name": name, "repo": repo, "ref": ref, "created_by_s3": created_by_s3}
+        return self._json("POST", "/buckets", json=body)
+
+    def delete_bucket(self, name: str) -> None:
+        self._call("DELETE", f"/buckets/{name}")
+
+
+def _stream(response: httpx.Response) -> Iterator[bytes]:
+    try:
+        yield from response.iter_bytes(1 << 20)
+    finally:
+        response.close()
+
+
+def _json_lines(response: httpx.Response) -> Iterator[dict]:
+    try:
+        for line in response.iter_lines():
+            if line.strip():
+                yield json.loads(line)
+    except httpx.TransportError as exc:
+        raise errors.Unavailable(f"watch stream broke: {exc}") from exc
+    finally:
+        response.close()
+
+
+def _records(response: httpx.Response) -> Iterator[tuple[bytes, bytes]]:
+    """Parse ``id(32) length(u32) frame`` records from a streamed response.
+
+    Pieces are joined only when a record spans them, and each frame is sliced
+    out of bytes once (no growing buffer that is copied and shifted per piece).
+    """
+    pending: list[bytes] = []
+    have = 0
+    need = 36  # bytes the next record needs, counted from the start of ``pending``
+    try:
+        for piece in response.iter_bytes():
+            pending.append(piece)
+            have += len(piece)
+            if have < need:
+                continue
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            pos, end = 0, len(data)
+            while True:
+                if end - pos < 36:
+                    need = 36
+                    break
+                (n,) = struct.unpack_from("<I", data, pos + 32)
+                if end - pos < 36 + n:
+                    need = 36 + n
+                    break
+                yield data[pos : pos + 32], data[pos + 36 : pos + 36 + n]
+                pos += 36 + n
+            rest = data[pos:] if pos else data
+            pending = [rest] if rest else []
+            have = len(rest)
+        if have:
+            raise errors.Unavailable("frame stream ended in the middle of a record")
+    finally:
+        response.close()

@@ -1,0 +1,305 @@
+"""Import a local directory into a branch, and export a ref to a directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat as stat_mod
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from fabric.errors import BadRequest, NotFound
+from fabric.format.ingest import Ingester, file_entry
+from fabric.format.model import DEFAULT_DIR_MODE, DIR, FILE, SYMLINK, Commit, Entry
+from fabric.format.paths import check_path
+from fabric.plane.dataplane import DataPlane
+from fabric.util.progress import Progress
+
+WORKERS = min(8, (os.cpu_count() or 2) + 1)
+#: Files are read in batches of up to this many bytes or files per task, so small
+#: files share one question to the store about which chunks it lacks.
+BATCH_BYTES = 8 * 1024 * 1024
+BATCH_FILES = 512
+
+
+@dataclass
+class ImportResult:
+    commit: Commit | None
+    files: int = 0
+    added: int = 0
+    changed: int = 0
+    removed: int = 0
+    bytes_hashed: int = 0
+    new_chunks: int = 0
+    new_bytes: int = 0
+    stored_bytes: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "commit"}
+        d["commit_id"] = self.commit.id if self.commit else None
+        return d
+
+
+@dataclass(frozen=True)
+class LocalItem:
+    """What the walk found at one path before any file is read."""
+
+    path: str
+    abspath: str
+    kind: str
+    size: int = 0
+    mode: int = 0
+    mtime_ns: int = 0
+    target: str = ""
+
+
+def normalize_prefix(prefix: str) -> str:
+    prefix = prefix.strip("/")
+    if prefix:
+        check_path(prefix)
+        return prefix + "/"
+    return ""
+
+
+def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Iterator[LocalItem]:
+    """Files, symlinks, and the directories that need an entry of their own (unordered):
+    empty ones, and those whose mode is not :data:`DEFAULT_DIR_MODE`."""
+    stack = [(root, prefix)]
+    while stack:
+        dir_abs, dir_rel = stack.pop()
+        try:
+            entries = list(os.scandir(dir_abs))
+        except PermissionError as exc:
+            raise BadRequest(f"cannot read directory {dir_abs!r}: {exc.strerror}") from exc
+        if dir_rel and dir_rel != prefix:
+            st = os.lstat(dir_abs)
+            mode = stat_mod.S_IMODE(st.st_mode)
+            if not entries or mode != DEFAULT_DIR_MODE:
+                yield LocalItem(dir_rel.rstrip("/"), dir_abs, DIR, 0, mode, st.st_mtime_ns)
+        for de in entries:
+            rel = dir_rel + de.name
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(
+                    f"file name {os.fsencode(de.path)!r} is not valid UTF-8; rename it before importing"
+                ) from None
+            st = de.stat(follow_symlinks=False)
+            if stat_mod.S_ISDIR(st.st_mode):
+                stack.append((de.path, rel + "/"))
+            elif stat_mod.S_ISREG(st.st_mode):
+                yield LocalItem(rel, de.path, FILE, st.st_size, stat_mod.S_IMODE(st.st_mode), st.st_mtime_ns)
+            elif stat_mod.S_ISLNK(st.st_mode):
+                yield LocalItem(rel, de.path, SYMLINK, 0, 0o777, st.st_mtime_ns, os.readlink(de.path))
+            elif skipped is not None:
+                skipped.append(rel)
+
+
+def _batches(items: list[LocalItem]) -> Iterator[list[LocalItem]]:
+    batch: list[LocalItem] = []
+    size = 0
+    for item in items:
+        if batch and (size + item.size > BATCH_BYTES or len(batch) >= BATCH_FILES):
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += item.size
+    if batch:
+        yield batch
+
+
+def same_file(a: Entry, b: Entry) -> bool:
+    """Same content and attributes (chunk lists may differ in form, not in bytes)."""
+    return (a.kind, a.size, a.mode, a.mtime_ns, a.md5) == (b.kind, b.size, b.mode, b.mtime_ns, b.md5)
+
+
+def _unchanged(item: LocalItem, old: Entry | None) -> bool:
+    if old is None or old.kind != item.kind or old.mode != item.mode:
+        return False
+    if item.kind == FILE:
+        return old.size == item.size and old.mtime_ns == item.mtime_ns
+    if item.kind == SYMLINK:
+        return old.target == item.target
+    return True
+
+
+def import_directory(
+    plane: DataPlane,
+    src: str,
+    repo: str,
+    branch: str,
+    message: str,
+    prefix: str = "",
+    delete: bool = True,
+    rehash: bool = False,
+    author: str | None = None,
+    progress: Progress | None = None,
+) -> ImportResult:
+    """Make ``repo@branch`` (under ``prefix``) equal to directory ``src`` and commit.
+
+    Files whose size, mode and mtime match the branch's entry are not read
+    again (``rehash`` reads everything). With ``delete=False`` paths missing
+    from ``src`` are kept. Returns a result with ``commit=None`` when nothing
+    changed.
+    """
+    progress = progress or Progress()
+    if not os.path.isdir(src):
+        raise BadRequest(f"{src!r} is not a directory")
+    prefix = normalize_prefix(prefix)
+    head = plane.resolve_commit(repo, branch)
+    result = ImportResult(None)
+    local = {item.path: item for item in walk(os.path.abspath(src), prefix, result.skipped)}
+    for path in local:
+        check_path(path)
+    result.files = len(local)
+    existing = dict(plane.walk(repo, head, prefix))
+
+    changes: dict[str, Entry | None] = {}
+    to_hash: list[LocalItem] = []
+    for path, item in local.items():
+        old = existing.get(path)
+        if _unchanged(item, old) and not (rehash and item.kind == FILE):  # rehash re-reads files only
+            continue
+        if item.kind == FILE:
+            to_hash.append(item)
+        elif item.kind == SYMLINK:
+            changes[path] = Entry(SYMLINK, len(item.target), 0o777, item.mtime_ns, target=item.target)
+        else:
+            changes[path] = Entry(DIR, 0, item.mode, item.mtime_ns)
+    if delete:
+        for path in existing.keys() - local.keys():
+            changes[path] = None
+
+    progress.start(sum(i.size for i in to_hash), "B", "import")
+    session = plane.chunk_sink()
+
+    def ingest(batch: list[LocalItem]) -> list[tuple[str, Entry]]:
+        ingester = Ingester(session)
+        out = []
+        for item in batch:
+            with open(item.abspath, "rb", buffering=0) as f:
+                chunks, md5 = ingester.feed(_Counting(f, progress))
+            out.append((item.path, file_entry(chunks, md5, item.mode, item.mtime_ns)))
+        ingester.flush()
+        return out
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for done in pool.map(ingest, _batches(sorted(to_hash, key=lambda i: i.path))):
+            for path, entry in done:
+                old = existing.get(path)
+                if rehash and old is not None and same_file(old, entry):
+                    continue
+                changes[path] = entry
+    session.close()
+    progress.close()
+    result.bytes_hashed = sum(i.size for i in to_hash)
+    result.new_chunks, result.new_bytes, result.stored_bytes = session.new_chunks, session.new_bytes, session.stored_bytes
+    for path, entry in changes.items():
+        if entry is None:
+            result.removed += 1
+        elif path in existing:
+            result.changed += 1
+        else:
+            result.added += 1
+    if changes:
+        result.commit = plane.commit_changes(repo, branch, changes, message, author=author, expected_head=head)
+    return result
+
+
+class _Counting:
+    """A file wrapper that reports bytes read to a progress bar."""
+
+    def __init__(self, f, progress: Progress) -> None:
+        self._f = f
+        self._progress = progress
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._progress.advance(len(data))
+        return data
+
+
+@dataclass
+class ExportResult:
+    files: int = 0
+    bytes: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+
+
+def export_tree(
+    plane: DataPlane,
+    repo: str,
+    ref: str,
+    dest: str,
+    prefix: str = "",
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Write the files of the commit ``repo@ref`` points at (under ``prefix``) into ``dest``.
+
+    Committed data only: a branch's uncommitted changes are not exported.
+    Existing files at the same paths are replaced; other files in ``dest`` are
+    left alone. Modes and modification times are restored.
+    """
+    progress = progress or Progress()
+    prefix = normalize_prefix(prefix)
+    commit = plane.resolve_commit(repo, ref)
+    items = list(plane.walk(repo, commit, prefix))
+    if prefix and not items:
+        raise NotFound(f"nothing under {prefix!r} in {repo}@{ref}")
+    dest = os.path.abspath(dest)
+    os.makedirs(dest, exist_ok=True)
+    result = ExportResult()
+    progress.start(sum(e.size for _, e in items if e.kind == FILE), "B", "export")
+
+    def local_path(path: str) -> str:
+        return os.path.join(dest, path[len(prefix) :])
+
+    def write(path: str, entry: Entry) -> None:
+        target = local_path(path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if entry.kind == DIR:
+            os.makedirs(target, exist_ok=True)
+            return  # mode and time once its contents are written
+        if entry.kind == SYMLINK:
+            if os.path.lexists(target):
+                os.unlink(target)
+            os.symlink(entry.target, target)
+            return
+        else:
+            # Not target + suffix: that exceeds NAME_MAX (255 bytes) for long names.
+            tmp = os.path.join(os.path.dirname(target), f".fabric-tmp-{os.urandom(6).hex()}")
+            try:
+                with open(tmp, "wb") as f:
+                    for piece in plane.open_file(repo, commit, path, entry):
+                        f.write(piece)
+                        progress.advance(len(piece))
+                os.chmod(tmp, entry.mode)
+                os.replace(tmp, target)
+            except BaseException:
+                # A failed read (corruption, network) leaves no partial file behind.
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        os.utime(target, ns=(entry.mtime_ns, entry.mtime_ns))
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for _ in pool.map(lambda it: write(*it), items):
+            pass
+    # Deepest first: a directory's time is set after its children changed it, and a
+    # read-only mode cannot stop its own children from being written.
+    for path, entry in sorted(((p, e) for p, e in items if e.kind == DIR), key=lambda it: it[0].count("/"), reverse=True):
+        os.chmod(local_path(path), entry.mode)
+        os.utime(local_path(path), ns=(entry.mtime_ns, entry.mtime_ns))
+    progress.close()
+    for _, entry in items:
+        if entry.kind == FILE:
+            result.files += 1
+            result.bytes += entry.size
+        elif entry.kind == DIR:
+            result.dirs += 1
+        else:
+            result.symlinks += 1
+    return result

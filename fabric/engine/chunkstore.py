@@ -1,0 +1,158 @@
+"""Chunks in packs: dedup on write, verified reads, the hub side of chunk exchange.
+
+Writes go through a :class:`PackSession`: frames accumulate into a pack that
+is stored as one object, and only then indexed in the catalog (objects before
+references), so a crash leaves at worst an unindexed pack that gc removes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+from fabric.format import frames, packs
+from fabric.catalog import Catalog
+from fabric.catalog.catalog import ChunkLocation
+from fabric.errors import Corruption, NotFound, ObjectNotFound
+from fabric.format.ingest import PackSession
+from fabric.cache.lru import BytesLRU
+from fabric.store import ObjectStore
+
+#: Reads of frames closer together than this in one pack are merged into one GET.
+COALESCE_GAP = 256 * 1024
+
+
+class ChunkStore:
+    def __init__(self, store: ObjectStore, catalog: Catalog, grace: float, cache_bytes: int = 64 << 20) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.grace = grace
+        self.cache = BytesLRU(cache_bytes, max_item=cache_bytes // 4)
+
+    # -- writing -------------------------------------------------------------
+    def missing(self, ids: Sequence[bytes]) -> list[bytes]:
+        """The ids (in the given order, without repeats) that this store lacks."""
+        unique = list(dict.fromkeys(ids))
+        present = self.catalog.present_and_touch(unique, self.grace)
+        return [cid for cid in unique if cid not in present]
+
+    def session(self, target_size: int = packs.TARGET_SIZE) -> PackSession:
+        """A sink for new chunks; packs are stored and indexed as they fill."""
+        return PackSession(self.missing, self.store_pack, target_size)
+
+    def store_pack(self, builder: packs.PackBuilder) -> None:
+        data = builder.finish()
+        pack_id = packs.new_pack_id()
+        self.store.put(packs.pack_key(pack_id), data)
+        self.catalog.index_pack(
+            pack_id, len(data), builder.size, [(c.id, c.offset, c.length, c.raw_len) for c in builder.chunks]
+        )
+
+    def receive_pack(self, data: bytes) -> tuple[int, int]:
+        """Verify a pack sent by a client and store it: ``(chunks, new chunks)``.
+
+        Every frame is checked against its checksum and id before anything is
+        stored or indexed; a pack with one bad frame is refused whole.
+        """
+        chunks = packs.verify_pack(data)
+        if not chunks:
+            return 0, 0
+        new = set(self.missing([c.id for c in chunks]))
+        if not new:
+            return len(chunks), 0
+        pack_id = packs.new_pack_id()
+        self.store.put(packs.pack_key(pack_id), data)
+        data_size = chunks[-1].offset + chunks[-1].length
+        self.catalog.index_pack(
+            pack_id, len(data), data_size, [(c.id, c.offset, c.length, c.raw_len) for c in chunks if c.id in new]
+        )
+        return len(chunks), len(new)
+
+    # -- reading -------------------------------------------------------------
+    def _locate(self, ids: Sequence[bytes]) -> dict[bytes, ChunkLocation]:
+        found = self.catalog.locate_many(ids)
+        lost = [cid for cid in ids if cid not in found]
+        if lost:
+            raise NotFound(f"chunk {lost[0].hex()} is not in the store ({len(lost)} missing); run `fabric fsck`")
+        return found
+
+    def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        """Yield ``(id, frame)`` for each id, checksum-verified, reading runs of a pack at once."""
+        locations = self._locate(ids)
+        by_pack: dict[str, list[tuple[bytes, ChunkLocation]]] = {}
+        for cid in dict.fromkeys(ids):
+            loc = locations[cid]
+            by_pack.setdefault(loc.pack, []).append((cid, loc))
+        for pack_id, items in by_pack.items():
+            items.sort(key=lambda it: it[1].offset)
+            for run in _runs(items):
+                start = run[0][1].offset
+                end = run[-1][1].offset + run[-1][1].length
+                try:
+                    blob = self.store.get(packs.pack_key(pack_id), start, end - start)
+                except ObjectNotFound:
+                    raise Corruption(f"pack {pack_id} is missing from the store; run `fabric fsck`") from None
+                view = memoryview(blob)
+                for cid, loc in run:
+                    frame = view[loc.offset - start : loc.offset - start + loc.length]
+                    if len(frame) != loc.length or not frames.verify_checksum(frame):
+                        raise Corruption(f"corrupt chunk {cid.hex()} in pack {pack_id}: checksum mismatch")
+                    yield cid, bytes(frame)
+
+    def read_many(self, ids: Sequence[bytes]) -> list[bytes]:
+        """Raw bytes of each chunk, verified against its id; order and repeats kept."""
+        out: dict[bytes, bytes] = {}
+        need = []
+        for cid in ids:
+            data = self.cache.get(cid)
+            if data is None:
+                need.append(cid)
+            else:
+                out[cid] = data
+        if need:
+            for cid, frame in self.frames(need):
+                data = frames.decode(frame, cid)
+                self.cache.put(cid, data)
+                out[cid] = data
+        return [out[cid] for cid in ids]
+
+    def read(self, cid: bytes) -> bytes:
+        return self.read_many([cid])[0]
+
+    def verify(self, ids: Iterable[bytes]) -> Iterator[tuple[bytes, str | None]]:
+        """For fsck: ``(id, problem or None)`` for each id, decoding every frame."""
+        ids = list(ids)
+        located = self.catalog.locate_many(ids)
+        for cid in ids:
+            if cid not in located:
+                yield cid, "not indexed"
+        present = [cid for cid in ids if cid in located]
+        for i in range(0, len(present), 256):
+            batch = present[i : i + 256]
+            try:
+                for cid, frame in self.frames(batch):
+                    try:
+                        frames.decode(frame, cid)
+                        yield cid, None
+                    except Corruption as exc:
+                        yield cid, exc.message
+            except Corruption:
+                # Report each chunk of the failing batch on its own.
+                for cid in batch:
+                    try:
+                        for _, frame in self.frames([cid]):
+                            frames.decode(frame, cid)
+                        yield cid, None
+                    except Corruption as exc:
+                        yield cid, exc.message
+
+
+def _runs(items: list[tuple[bytes, ChunkLocation]]) -> Iterator[list[tuple[bytes, ChunkLocation]]]:
+    run = [items[0]]
+    for item in items[1:]:
+        prev = run[-1][1]
+        if item[1].offset - (prev.offset + prev.length) <= COALESCE_GAP:
+            run.append(item)
+        else:
+            yield run
+            run = [item]
+    yield run

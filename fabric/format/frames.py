@@ -1,0 +1,96 @@
+"""Frames: a chunk as stored and as sent over the wire.
+
+Layout (little-endian)::
+
+    kind:u8  raw_len:u32  xxh3_64(payload):u64  payload
+
+``kind`` is ``RAW`` or ``ZSTD``. A chunk is compressed only when that saves
+at least ``MIN_SAVING`` of its size; images, media and random bytes stay raw.
+The xxh3 checksum covers the stored payload so cache and wire corruption is
+caught without decompressing; the chunk id (BLAKE3 of the raw bytes) is
+checked as well by :func:`decode` when the caller knows the id.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+import xxhash
+import zstandard
+
+from fabric.format.chunking import MAX_CHUNK, chunk_id
+from fabric.errors import Corruption
+
+RAW = 0
+ZSTD = 1
+HEADER = struct.Struct("<BIQ")
+HEADER_LEN = HEADER.size
+ZSTD_LEVEL = 3
+MIN_SAVING = 1 / 32
+
+_local = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    c = getattr(_local, "c", None)
+    if c is None:
+        c = _local.c = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    return c
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "d", None)
+    if d is None:
+        d = _local.d = zstandard.ZstdDecompressor()
+    return d
+
+
+def encode(raw: bytes | memoryview) -> bytes:
+    """Frame ``raw``, compressing it when that pays."""
+    raw_len = len(raw)
+    packed = _compressor().compress(raw)
+    if len(packed) <= raw_len - max(1, int(raw_len * MIN_SAVING)):
+        return HEADER.pack(ZSTD, raw_len, xxhash.xxh3_64_intdigest(packed)) + packed
+    return HEADER.pack(RAW, raw_len, xxhash.xxh3_64_intdigest(raw)) + bytes(raw)
+
+
+def raw_length(frame: bytes | memoryview) -> int:
+    return HEADER.unpack_from(frame)[1]
+
+
+def verify_checksum(frame: bytes | memoryview) -> bool:
+    """True when the frame is well formed and its payload matches its checksum."""
+    if len(frame) < HEADER_LEN:
+        return False
+    kind, _, digest = HEADER.unpack_from(frame)
+    return kind in (RAW, ZSTD) and xxhash.xxh3_64_intdigest(memoryview(frame)[HEADER_LEN:]) == digest
+
+
+def decode(frame: bytes | memoryview, expected_id: bytes | None = None) -> bytes:
+    """Return the raw chunk bytes; raise :class:`Corruption` on any mismatch."""
+    if not verify_checksum(frame):
+        raise Corruption(_describe("checksum mismatch", expected_id))
+    kind, raw_len, _ = HEADER.unpack_from(frame)
+    payload = memoryview(frame)[HEADER_LEN:]
+    if raw_len > MAX_CHUNK:
+        # No chunk is larger; refusing here keeps a crafted frame from inflating to gigabytes.
+        raise Corruption(_describe(f"frame claims {raw_len} bytes, more than a chunk can hold", expected_id))
+    if kind == ZSTD:
+        try:
+            if zstandard.frame_content_size(payload) not in (-1, raw_len):
+                raise Corruption(_describe("length mismatch", expected_id))
+            raw = _decompressor().decompress(payload, max_output_size=raw_len)
+        except zstandard.ZstdError as exc:
+            raise Corruption(_describe(f"undecodable payload ({exc})", expected_id)) from exc
+    else:
+        raw = bytes(payload)
+    if len(raw) != raw_len:
+        raise Corruption(_describe("length mismatch", expected_id))
+    if expected_id is not None and chunk_id(raw) != expected_id:
+        raise Corruption(_describe("content does not match its id", expected_id))
+    return raw
+
+
+def _describe(problem: str, cid: bytes | None) -> str:
+    return f"corrupt chunk {cid.hex() if cid else '(unknown id)'}: {problem}"

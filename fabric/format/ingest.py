@@ -1,0 +1,149 @@
+"""Turning bytes into chunks, on whichever side of the wire the bytes are.
+
+A :class:`ChunkSink` is where new chunks go: a :class:`~fabric.engine.chunkstore.PackSession`
+on the hub, or a remote session that asks the hub which chunks it lacks and
+uploads packs of only those (see :mod:`fabric.client.http`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import BinaryIO, Protocol
+
+from fabric.format import chunking, frames, packs
+from fabric.format.model import FILE, Entry
+
+
+class ChunkSink(Protocol):
+    new_chunks: int  # chunks taken
+    new_bytes: int  # their raw bytes
+    stored_bytes: int  # their bytes as frames (compressed)
+
+    def filter_new(self, ids: Sequence[bytes]) -> set[bytes]:
+        """Which of ``ids`` the destination lacks and this sink has not taken yet."""
+
+    def add(self, cid: bytes, raw: bytes | memoryview) -> None:
+        """Take a chunk that :meth:`filter_new` reported as new."""
+
+    def close(self) -> None:
+        """Flush; after it returns every chunk taken is stored at the destination."""
+
+
+class Ingester:
+    """Chunks streams into a sink, asking the sink about many chunks at once.
+
+    Chunks of every stream fed are held until ``READ_WINDOW`` bytes are pending,
+    then one :meth:`ChunkSink.filter_new` call covers them all, so a batch of
+    small files costs one question, not one per file. Call :meth:`flush` before
+    the chunk lists are used (committed).
+    """
+
+    def __init__(self, sink: ChunkSink) -> None:
+        self.sink = sink
+        self._window: list[tuple[bytes, memoryview]] = []
+        self._pending = 0
+
+    def feed(self, stream: BinaryIO) -> tuple[list[tuple[bytes, int]], str]:
+        """Chunk one stream; return its chunk list and MD5."""
+        md5 = hashlib.md5()
+        chunks: list[tuple[bytes, int]] = []
+        for piece in chunking.cut_stream(stream):
+            md5.update(piece)
+            cid = chunking.chunk_id(piece)
+            chunks.append((cid, len(piece)))
+            self._window.append((cid, piece))
+            self._pending += len(piece)
+            if self._pending >= chunking.READ_WINDOW:
+                self.flush()
+        return chunks, md5.hexdigest()
+
+    def flush(self) -> None:
+        new = self.sink.filter_new([cid for cid, _ in self._window])
+        for cid, data in self._window:
+            if cid in new:
+                new.discard(cid)
+                self.sink.add(cid, data)
+        self._window.clear()
+        self._pending = 0
+
+
+def ingest_stream(stream: BinaryIO, sink: ChunkSink) -> tuple[list[tuple[bytes, int]], str]:
+    """Chunk a stream into ``sink`` with bounded memory; return its chunk list and MD5."""
+    ingester = Ingester(sink)
+    result = ingester.feed(stream)
+    ingester.flush()
+    return result
+
+
+def file_entry(
+    chunks: Sequence[tuple[bytes, int]],
+    md5: str,
+    mode: int = 0o644,
+    mtime_ns: int = 0,
+    meta: Mapping[str, str] | None = None,
+) -> Entry:
+    """A file entry with its chunk list inline (the hub moves long lists into their own object)."""
+    return Entry(FILE, sum(n for _, n in chunks), mode, mtime_ns, md5=md5, chunks=tuple(chunks), meta=dict(meta or {}))
+
+
+class PackSession:
+    """A :class:`ChunkSink` that frames new chunks into packs and hands each full pack on.
+
+    ``missing`` answers which ids the destination lacks; ``deliver`` stores a
+    full pack (the hub's pack store, or an upload to a server). Safe to use
+    from many threads; chunks already taken by this session are skipped.
+    After :meth:`close` returns every chunk added has been delivered.
+    """
+
+    def __init__(
+        self,
+        missing: Callable[[Sequence[bytes]], list[bytes]],
+        deliver: Callable[[packs.PackBuilder], None],
+        target_size: int,
+    ) -> None:
+        self._missing = missing
+        self._deliver = deliver
+        self.target = target_size
+        self._builder = packs.PackBuilder()
+        self._taken: set[bytes] = set()
+        self._lock = threading.Lock()
+        self.new_chunks = 0
+        self.new_bytes = 0
+        self.stored_bytes = 0
+
+    def filter_new(self, ids: Sequence[bytes]) -> set[bytes]:
+        with self._lock:
+            unknown = [cid for cid in ids if cid not in self._taken]
+        return set(self._missing(unknown)) if unknown else set()
+
+    def add(self, cid: bytes, raw: bytes | memoryview) -> None:
+        with self._lock:
+            if cid in self._taken:
+                return
+            self._taken.add(cid)
+        frame = frames.encode(raw)  # compression runs outside the lock
+        full = None
+        with self._lock:
+            self._builder.add(cid, frame)
+            self.new_chunks += 1
+            self.new_bytes += len(raw)
+            self.stored_bytes += len(frame)
+            if self._builder.size >= self.target:
+                full, self._builder = self._builder, packs.PackBuilder()
+        if full is not None:
+            self._deliver(full)
+
+    def close(self) -> None:
+        with self._lock:
+            last, self._builder = self._builder, packs.PackBuilder()
+        if len(last):
+            self._deliver(last)
+
+    def __enter__(self) -> "PackSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()

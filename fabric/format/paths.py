@@ -1,0 +1,81 @@
+"""Validation of user-supplied names and paths. Bad input never reaches storage."""
+
+from __future__ import annotations
+
+import re
+
+from fabric.errors import InvalidName, InvalidPath
+
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
+
+_REPO_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+_REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
+COMMIT_ID_RE = re.compile(r"^[0-9a-f]{8,64}$")
+
+
+def check_repo_name(name: str) -> str:
+    """Repository names double as S3 bucket names: 3-63 of ``a-z 0-9 -``."""
+    if not isinstance(name, str) or not _REPO_RE.match(name) or "--" in name:
+        raise InvalidName(
+            f"invalid repository name {name!r}: use 3-63 lowercase letters, digits and single hyphens, "
+            "starting and ending with a letter or digit"
+        )
+    return name
+
+
+def check_ref_name(name: str, what: str = "branch") -> str:
+    """Branch and tag names: letters, digits, ``. _ -``; no slashes (S3 keys are REF/PATH)."""
+    if (
+        not isinstance(name, str)
+        or not _REF_RE.match(name)
+        or ".." in name
+        or name.endswith((".", ".lock"))
+        or COMMIT_ID_RE.match(name) and len(name) == 64
+    ):
+        raise InvalidName(
+            f"invalid {what} name {name!r}: use up to 255 letters, digits, '.', '_' or '-', "
+            "not starting with '.' or '-', without '..' or '/'"
+        )
+    return name
+
+
+def check_path(path: str, allow_empty: bool = False) -> str:
+    """A repository path: relative, '/'-separated, no '.', '..' or empty segments, no NUL."""
+    if not isinstance(path, str):
+        raise InvalidPath(f"invalid path {path!r}: not a string")
+    if path == "" and allow_empty:
+        return path
+    problem = _path_problem(path)
+    if problem:
+        raise InvalidPath(f"invalid path {path!r}: {problem}")
+    return path
+
+
+def _path_problem(path: str) -> str | None:
+    if path == "":
+        return "empty"
+    if "\x00" in path:
+        return "contains a NUL byte"
+    if path.startswith("/"):
+        return "absolute paths are not allowed; give a path relative to the repository root"
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not valid UTF-8"
+    if len(encoded) > MAX_PATH_BYTES:
+        return f"longer than {MAX_PATH_BYTES} bytes"
+    for seg in path.split("/"):
+        if seg in ("", ".", ".."):
+            return "'.', '..' and empty segments are not allowed"
+        if len(seg.encode("utf-8")) > MAX_NAME_BYTES:
+            return f"a name is longer than {MAX_NAME_BYTES} bytes"
+    return None
+
+
+def check_prefix(prefix: str) -> str:
+    """A listing prefix: like a path, but may be empty or end with '/'."""
+    if prefix == "":
+        return prefix
+    check_path(prefix[:-1] if prefix.endswith("/") else prefix)
+    return prefix

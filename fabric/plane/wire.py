@@ -1,0 +1,65 @@
+"""Encodings of engine values on the wire (JSON for people, msgpack for bulk)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from fabric.errors import BadRequest
+from fabric.format.model import Commit, Entry
+
+MSGPACK = "application/msgpack"
+#: Response header of a stage: the branch's staging seq that holds the entries.
+STAGING_SEQ_HEADER = "X-Fabric-Staging-Seq"
+
+
+def entry_json(path: str, entry: Entry) -> dict[str, Any]:
+    return {"path": path, **entry.describe()}
+
+
+def entry_from_json(d: dict[str, Any]) -> Entry:
+    """An entry from its JSON description (no chunk list: enough for stat and listings)."""
+    return Entry(
+        kind=d["type"],
+        size=d["size"],
+        mode=int(d["mode"], 8),
+        mtime_ns=int(round(d["mtime"] * 1e9)),
+        uid=d.get("uid"),
+        gid=d.get("gid"),
+        md5=d.get("etag", ""),
+        target=d.get("target", ""),
+        meta=d.get("metadata", {}),
+    )
+
+
+def commit_from_json(d: dict[str, Any]) -> Commit:
+    return Commit(d["tree"], tuple(d["parents"]), d["author"], d["message"], d["time"], d.get("meta", {}), d["id"])
+
+
+def pack_changes(changes: dict[str, Entry | None], **fields: Any) -> bytes:
+    body = {"changes": {p: (e.to_wire() if e is not None else None) for p, e in changes.items()}, **fields}
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def unpack_changes(data: bytes) -> tuple[dict[str, Entry | None], dict[str, Any]]:
+    """Decode a msgpack body ``{changes: {path: entry|None}, ...}``; BadRequest if malformed."""
+    try:
+        body = msgpack.unpackb(data, raw=False)
+        raw = body.pop("changes")
+        changes = {str(p): (Entry.from_wire(e) if e is not None else None) for p, e in raw.items()}
+    except Exception as exc:  # noqa: BLE001 - any decoding failure is the client's
+        raise BadRequest(f"malformed msgpack body: expected {{changes: {{path: entry|null}}, ...}} ({exc})") from exc
+    return changes, body
+
+
+def hex_ids(ids: list[str], limit: int = 100_000) -> list[bytes]:
+    if len(ids) > limit:
+        raise BadRequest(f"too many chunk ids in one request ({len(ids)} > {limit}); split the batch")
+    try:
+        out = [bytes.fromhex(i) for i in ids]
+    except ValueError as exc:
+        raise BadRequest(f"chunk ids must be hex strings: {exc}") from exc
+    if any(len(i) != 32 for i in out):
+        raise BadRequest("chunk ids are 32 bytes (64 hex characters)")
+    return out
