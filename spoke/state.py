@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
-import threading
+
+from fabric.util.sqlite import SharedConnection
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS refs (repo TEXT, kind TEXT, name TEXT, commit_id TEXT, PRIMARY KEY (repo, kind, name));
@@ -22,47 +22,35 @@ CREATE TABLE IF NOT EXISTS tokens (token_hash TEXT PRIMARY KEY, principal TEXT)
 
 class SpokeState:
     def __init__(self, cache_dir: str) -> None:
-        self._db = sqlite3.connect(os.path.join(cache_dir, "state.db"), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        self._lock = threading.Lock()
-
-    def _write(self, sql: str, params: tuple) -> None:
-        with self._lock:
-            self._db.execute(sql, params)
-
-    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
-        with self._lock:
-            return self._db.execute(sql, params).fetchall()
+        self._db = SharedConnection(os.path.join(cache_dir, "state.db"), durability="normal", schema=SCHEMA)
 
     # -- refs ----------------------------------------------------------------
     def save_ref(self, repo: str, kind: str, name: str, commit: str | None) -> None:
         if commit is None:
-            self._write("DELETE FROM refs WHERE repo = ? AND kind = ? AND name = ?", (repo, kind, name))
+            self._db.execute("DELETE FROM refs WHERE repo = ? AND kind = ? AND name = ?", (repo, kind, name))
         else:
-            self._write("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (repo, kind, name, commit))
+            self._db.execute("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (repo, kind, name, commit))
 
     def forget_repo(self, repo: str) -> None:
-        self._write("DELETE FROM refs WHERE repo = ?", (repo,))
-        self._write("DELETE FROM commits WHERE repo = ?", (repo,))
+        self._db.execute("DELETE FROM refs WHERE repo = ?", (repo,))
+        self._db.execute("DELETE FROM commits WHERE repo = ?", (repo,))
 
     def refs(self) -> list[tuple[str, str, str, str]]:
-        return self._read("SELECT repo, kind, name, commit_id FROM refs")
+        return self._db.execute("SELECT repo, kind, name, commit_id FROM refs")
 
     # -- commit membership ---------------------------------------------------
     def add_commit(self, repo: str, commit: str) -> None:
-        self._write("INSERT OR IGNORE INTO commits VALUES (?, ?)", (repo, commit))
+        self._db.execute("INSERT OR IGNORE INTO commits VALUES (?, ?)", (repo, commit))
 
     def has_commit(self, repo: str, commit: str) -> bool:
-        return bool(self._read("SELECT 1 FROM commits WHERE repo = ? AND commit_id = ?", (repo, commit)))
+        return bool(self._db.execute("SELECT 1 FROM commits WHERE repo = ? AND commit_id = ?", (repo, commit)))
 
     # -- token verdicts ------------------------------------------------------
     def save_token(self, token_hash: str, principal: dict | None) -> None:
         if principal is None:
-            self._write("DELETE FROM tokens WHERE token_hash = ?", (token_hash,))
+            self._db.execute("DELETE FROM tokens WHERE token_hash = ?", (token_hash,))
         else:
-            self._write("INSERT OR REPLACE INTO tokens VALUES (?, ?)", (token_hash, json.dumps(principal)))
+            self._db.execute("INSERT OR REPLACE INTO tokens VALUES (?, ?)", (token_hash, json.dumps(principal)))
 
     def tokens(self) -> dict[str, dict]:
-        return {h: json.loads(p) for h, p in self._read("SELECT token_hash, principal FROM tokens")}
+        return {h: json.loads(p) for h, p in self._db.execute("SELECT token_hash, principal FROM tokens")}

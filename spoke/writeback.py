@@ -20,16 +20,16 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
 
-from fabric.format import packs
-from fabric.client.http import HttpPlane
 from fabric.cache.disk import DiskCache
+from fabric.client.http import HttpPlane
 from fabric.errors import FabricError, Unavailable
+from fabric.format import packs
 from fabric.format.model import FILE, Entry
+from fabric.util import sqlite
 
 from .traffic import PUSH, Traffic
 
@@ -48,9 +48,7 @@ class WriteBack:
         self.upload_hold = upload_hold
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = sqlite.connect(path, durability="full")  # guarded by self._lock
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS ops (id INTEGER PRIMARY KEY AUTOINCREMENT, repo TEXT NOT NULL, "
             "branch TEXT NOT NULL, path TEXT NOT NULL, entry BLOB, created REAL NOT NULL)"
@@ -98,9 +96,8 @@ class WriteBack:
         now = time.time()
         rows = [(repo, branch, p, e.encode() if e is not None else None, now) for p, e in changes.items()]
         with self._wake:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany("INSERT INTO ops (repo, branch, path, entry, created) VALUES (?, ?, ?, ?, ?)", rows)
-            self._db.execute("COMMIT")
+            with sqlite.transaction(self._db) as cur:
+                cur.executemany("INSERT INTO ops (repo, branch, path, entry, created) VALUES (?, ?, ?, ?, ?)", rows)
             self._queued += len(rows)
             self._wake.notify_all()
 
@@ -178,9 +175,8 @@ class WriteBack:
         # Before the rows go, so that readers find the writes in the staging they see.
         self.on_landed(target_repo, target_branch, changes, seq)
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany("DELETE FROM ops WHERE id = ?", [(r[0],) for r in rows])
-            self._db.execute("COMMIT")
+            with sqlite.transaction(self._db) as cur:
+                cur.executemany("DELETE FROM ops WHERE id = ?", [(r[0],) for r in rows])
             self._queued -= len(rows)
         still = self.pinned_chunks()
         for cid in chunk_ids:

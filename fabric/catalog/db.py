@@ -8,16 +8,14 @@ block around :meth:`Database.tx`.
 
 from __future__ import annotations
 
-import os
 import re
-import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from fabric.errors import BadRequest, Unavailable
+from fabric.util import sqlite
 
 DDL_TYPES = {
     "sqlite": {"blob": "BLOB", "text_c": "TEXT", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "real": "REAL"},
@@ -36,7 +34,7 @@ class Cursor:
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s") if self._pg else sql
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> "Cursor":
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         self._raw.execute(self._sql(sql), params)
         return self
 
@@ -74,12 +72,7 @@ class Database:
     # -- connections ---------------------------------------------------------
     def _connect(self) -> Any:
         if self.dialect == "sqlite":
-            os.makedirs(os.path.dirname(os.path.abspath(self._path)), exist_ok=True)
-            conn = sqlite3.connect(self._path, timeout=60, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=60000")
-            return conn
+            return sqlite.connect(self._path, durability="normal")
         import psycopg
 
         try:
@@ -111,25 +104,13 @@ class Database:
         """A transaction; commits on normal exit, rolls back on an exception.
 
         SQLite write transactions start with ``BEGIN IMMEDIATE`` so two writers
-        queue on the database lock instead of failing on lock upgrade.
+        queue on the database lock instead of failing on lock upgrade (see
+        :func:`fabric.util.sqlite.transaction`).
         """
         conn = self._conn()
         if self.dialect == "sqlite":
-            cur = conn.cursor()
-            for attempt in range(200):
-                try:
-                    cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                    break
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) or attempt == 199:
-                        raise
-                    time.sleep(0.05)
-            try:
+            with sqlite.transaction(conn, write) as cur:
                 yield Cursor(cur, self.dialect)
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            cur.execute("COMMIT")
         else:
             with conn.transaction():
                 with conn.cursor() as cur:

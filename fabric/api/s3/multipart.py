@@ -12,12 +12,12 @@ import hashlib
 import json
 import os
 import secrets
-import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 
 import msgpack
+
+from fabric.util.sqlite import SharedConnection
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS uploads (
@@ -76,32 +76,22 @@ def multipart_etag(part_md5s: list[str]) -> str:
 
 class Uploads:
     def __init__(self, state_dir: str) -> None:
-        os.makedirs(state_dir, exist_ok=True)
         self.path = os.path.join(state_dir, "multipart.db")
-        self._conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(SCHEMA)
-        self._lock = threading.Lock()
+        self._db = SharedConnection(self.path, durability="normal", schema=SCHEMA)
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def _q(self, sql: str, params: tuple = ()) -> list[tuple]:
-        with self._lock:
-            return self._conn.execute(sql, params).fetchall()
+        self._db.close()
 
     def create(self, bucket: str, key: str, repo: str, branch: str, path: str, meta: dict, initiator: str) -> str:
         upload_id = secrets.token_urlsafe(24)
-        self._q(
+        self._db.execute(
             "INSERT INTO uploads (id, bucket, key, repo, branch, path, meta, initiator, created) VALUES (?,?,?,?,?,?,?,?,?)",
             (upload_id, bucket, key, repo, branch, path, json.dumps(meta), initiator, time.time()),
         )
         return upload_id
 
     def get(self, upload_id: str) -> Upload | None:
-        rows = self._q(
+        rows = self._db.execute(
             "SELECT id, bucket, key, repo, branch, path, meta, initiator, created FROM uploads WHERE id = ?", (upload_id,)
         )
         if not rows:
@@ -111,7 +101,7 @@ class Uploads:
 
     def put_part(self, upload_id: str, number: int, etag: str, size: int, chunks: list[tuple[bytes, int]]) -> None:
         blob = msgpack.packb([[c, n] for c, n in chunks], use_bin_type=True)
-        self._q(
+        self._db.execute(
             "INSERT INTO parts (upload_id, number, etag, size, chunks, modified) VALUES (?,?,?,?,?,?) "
             "ON CONFLICT (upload_id, number) DO UPDATE SET etag = excluded.etag, size = excluded.size, "
             "chunks = excluded.chunks, modified = excluded.modified",
@@ -119,36 +109,28 @@ class Uploads:
         )
 
     def parts(self, upload_id: str, after: int = 0, limit: int = 1000) -> list[Part]:
-        rows = self._q(
+        rows = self._db.execute(
             "SELECT number, etag, size, modified FROM parts WHERE upload_id = ? AND number > ? ORDER BY number LIMIT ?",
             (upload_id, after, limit),
         )
         return [Part(*r) for r in rows]
 
     def part_chunks(self, upload_id: str) -> dict[int, tuple[str, int, list[tuple[bytes, int]]]]:
-        rows = self._q("SELECT number, etag, size, chunks FROM parts WHERE upload_id = ?", (upload_id,))
+        rows = self._db.execute("SELECT number, etag, size, chunks FROM parts WHERE upload_id = ?", (upload_id,))
         return {n: (etag, size, [(bytes(c), k) for c, k in msgpack.unpackb(blob, raw=False)]) for n, etag, size, blob in rows}
 
     def delete(self, upload_id: str) -> bool:
-        with self._lock:
-            cur = self._conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                cur.execute("DELETE FROM parts WHERE upload_id = ?", (upload_id,))
-                cur.execute("DELETE FROM uploads WHERE id = ?", (upload_id,))
-                gone = cur.rowcount > 0
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            cur.execute("COMMIT")
-            return gone
+        with self._db.transaction() as cur:
+            cur.execute("DELETE FROM parts WHERE upload_id = ?", (upload_id,))
+            cur.execute("DELETE FROM uploads WHERE id = ?", (upload_id,))
+            return cur.rowcount > 0
 
     def all(self) -> list[Upload]:
-        rows = self._q("SELECT id, bucket, key, repo, branch, path, meta, initiator, created FROM uploads ORDER BY created")
+        rows = self._db.execute("SELECT id, bucket, key, repo, branch, path, meta, initiator, created FROM uploads ORDER BY created")
         return [Upload(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8]) for r in rows]
 
     def list(self, bucket: str, prefix: str = "", key_marker: str = "", id_marker: str = "", limit: int = 1000) -> list[Upload]:
-        rows = self._q(
+        rows = self._db.execute(
             "SELECT id, bucket, key, repo, branch, path, meta, initiator, created FROM uploads "
             "WHERE bucket = ? AND key >= ? ORDER BY key, id",
             (bucket, key_marker),
