@@ -12,7 +12,9 @@ from .plane import SpokePlane
 
 
 def create_app(plane: SpokePlane, auth: SpokeAuth | None) -> FastAPI:
-    """The spoke's ASGI app; ``auth=None`` lets every request act as admin (loopback demos)."""
+    """The spoke's ASGI app; ``auth=None`` lets every request act as admin (loopback demos).
+
+    Its ``/metrics`` also shows the spoke's calls to its hub (``plane.upstream_metrics``)."""
     return service_app(
         "spoke",
         "A fabric spoke: the hub's REST API v1, served from a regional cache.",
@@ -21,4 +23,5 @@ def create_app(plane: SpokePlane, auth: SpokeAuth | None) -> FastAPI:
         "fabric_spoke",
         plane.stats,
         lambda: {"hub_stream_live": plane.tracker.live()},
+        collectors=[plane.upstream_metrics],
     )

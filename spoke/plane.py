@@ -18,20 +18,22 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 import httpx
+from prometheus_client import CollectorRegistry
 
-from fabric.format import frames, packs
-from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane
 from fabric.cache.disk import DiskCache
+from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane
+from fabric.engine.reader import Reader, View
+from fabric.engine.refs import parse_ref
+from fabric.engine.tree import Trees
 from fabric.errors import BadRequest, FabricError, NotFound, Unavailable
+from fabric.format import frames, packs
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
 from fabric.format.model import FILE, Commit, Entry
 from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix
 from fabric.plane.dataplane import DataPlane
+from fabric.plane.metrics import MetricsPlane
 from fabric.util.progress import Progress
-from fabric.engine.reader import Reader, View
-from fabric.engine.refs import parse_ref
-from fabric.engine.tree import Trees
 
 from .coherence import RefTracker, StagingCache
 from .fetch import READAHEAD, FetchScheduler
@@ -47,6 +49,8 @@ LOCAL = "local"
 META_SHARE = 0.1
 #: How long answers about repositories and bucket bindings are reused without asking the hub.
 ANSWER_TTL = 30.0
+#: Name prefix of the metrics of calls to the hub: ``fabric_upstream_calls_total``, ``fabric_upstream_call_seconds``.
+UPSTREAM_METRICS = "fabric_upstream"
 
 
 def _frame_intact(_chunk_id: bytes, frame: bytes) -> bool:
@@ -97,7 +101,10 @@ class SpokePlane(DataPlane):
         if durability not in (HUB, LOCAL):
             raise BadRequest(f"unknown durability {durability!r}: use 'hub' or 'local'")
         self.traffic = Traffic()
-        self.upstream = HttpPlane(hub_url, token, transport=CountingTransport(self.traffic, httpx.HTTPTransport(retries=1)))
+        #: Calls to the hub by operation and outcome, with their latency (for the spoke's /metrics).
+        self.upstream_metrics = CollectorRegistry()
+        hub = HttpPlane(hub_url, token, transport=CountingTransport(self.traffic, httpx.HTTPTransport(retries=1)))
+        self.upstream = MetricsPlane(hub, self.upstream_metrics, UPSTREAM_METRICS)
         os.makedirs(cache_dir, exist_ok=True)
         self.writeback = open_writeback(cache_dir, upload_hold)
         meta_budget = max(1 << 20, int(cache_size * META_SHARE))

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from fastapi import FastAPI
 from prometheus_client import Gauge
+from prometheus_client.registry import Collector
 
 from fabric import __version__
-from fabric.auth.principal import Principal
 from fabric.api.errors import install_error_handlers
 from fabric.api.metrics import Metrics, MetricsMiddleware
 from fabric.api.rest import PlaneGetter, build_router
+from fabric.auth.principal import Principal
 
 
 def service_app(
@@ -22,11 +23,14 @@ def service_app(
     gauge_name: str,
     gauge_values: Callable[[], Mapping[str, object]],
     health: Callable[[], dict],
+    collectors: Sequence[Collector] = (),
 ) -> FastAPI:
     """A service's ASGI app; callers add their own routers before serving it.
 
     ``gauge_values`` feeds the ``gauge_name`` gauge (numeric values only) on each
-    scrape; ``health`` adds fields to ``/healthz`` (and raises when unhealthy).
+    scrape; ``health`` adds fields to ``/healthz`` (and raises when unhealthy);
+    ``collectors`` (e.g. a registry of the service's own metrics) are served on
+    ``/metrics`` too.
     """
     app = FastAPI(title=f"fabric {role}", version=__version__, description=description)
     install_error_handlers(app)
@@ -34,6 +38,8 @@ def service_app(
 
     metrics = Metrics(role)
     gauge = Gauge(gauge_name, f"fabric {role} sizes and counters", ["what"], registry=metrics.registry)
+    for collector in collectors:
+        metrics.registry.register(collector)
 
     def collect() -> None:
         for key, value in gauge_values().items():

@@ -1,0 +1,83 @@
+"""The reads role of the data plane: entries, listings and file bytes at a ref.
+
+Refs are expressions (``main``, ``v1``, a commit id or prefix, ``main~2``).
+Reads at a branch see its uncommitted changes; reads at a tag or commit see
+committed data only. Every read is side-effect free and safe to retry. Reads
+raise NotFound if the repository or ref does not exist, and Corruption when
+stored bytes fail their checksum (they are never returned as data).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+
+from fabric.format.listing import Listing
+from fabric.format.model import Entry
+
+
+class Reads(abc.ABC):
+    @abc.abstractmethod
+    def stat(self, repo: str, ref: str, path: str) -> Entry:
+        """The entry at ``path``; its chunk list may be absent (remote planes).
+
+        Raises NotFound if nothing is at ``path`` (a staged delete hides a committed
+        file), InvalidPath for a bad path."""
+
+    @abc.abstractmethod
+    def stat_chunks(self, repo: str, ref: str, path: str) -> Entry:
+        """The entry at ``path`` with its whole chunk list inline, for readers that fetch
+        chunks themselves (FUSE, spokes) through
+        :meth:`~fabric.plane.exchange.ChunkExchange.frames`.
+
+        Raises as :meth:`stat` does."""
+
+    @abc.abstractmethod
+    def list(self, repo: str, ref: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> Listing:
+        """One page of paths under ``prefix`` (S3-style grouping with ``delimiter='/'``).
+
+        At most ``limit`` entries and common prefixes together, in path order,
+        starting after the path or common prefix ``after``; ``next_after`` is None on
+        the last page, else the ``after`` of the next one. Raises BadRequest for a
+        delimiter other than ``''`` or ``'/'`` or a ``limit`` below 1, InvalidPath
+        for a bad prefix."""
+
+    def walk(self, repo: str, ref: str, prefix: str = "") -> Iterator[tuple[str, Entry]]:
+        """Every path under ``prefix``, all pages.
+
+        Pages are read one at a time as the iterator advances, so a branch that
+        changes meanwhile may be seen partly before and partly after the change."""
+        after = ""
+        while True:
+            page = self.list(repo, ref, prefix, "", after, 1000)
+            yield from page.entries
+            if page.next_after is None:
+                return
+            after = page.next_after
+
+    @abc.abstractmethod
+    def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
+        """The bytes of a file, streamed; RangeNotSatisfiable outside the file.
+
+        ``length`` bytes from ``offset`` (to the end when None, or when the file is
+        shorter). Raises NotFound if nothing is at ``path``, BadRequest if it is not
+        a file, RangeNotSatisfiable for a negative ``offset`` or ``length`` or an
+        ``offset`` at or past the end of the file (0 is always allowed). Local planes
+        may raise RangeNotSatisfiable and Corruption only as the iterator advances,
+        and a remote one raises Unavailable if the connection breaks mid-stream.
+        Consume the iterator or close it: a remote plane holds a connection until then."""
+
+    def open_file(
+        self, repo: str, ref: str, path: str, entry: Entry | None = None, offset: int = 0, length: int | None = None
+    ) -> Iterator[bytes]:
+        """Like :meth:`read_stream`; ``entry`` (from :meth:`stat`/:meth:`walk` at the same
+        ref) pins the version read and may spare a lookup."""
+        return self.read_stream(repo, ref, path, offset, length)
+
+    def is_stale(self, repo: str, ref: str) -> bool:
+        """Whether reads of ``ref`` may be behind the hub (a spoke cut off from it)."""
+        return False
+
+    def read(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """The bytes :meth:`read_stream` streams, in memory; raises as it does."""
+        return b"".join(self.read_stream(repo, ref, path, offset, length))
