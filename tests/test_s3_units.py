@@ -8,9 +8,11 @@ import time
 import pytest
 
 from fabric.api.s3 import xml as X
+from fabric.api.s3.autocommit import AutoCommitter
+from fabric.api.s3.conditions import etag_matches as _etag_matches
 from fabric.api.s3.errors import S3Error
-from fabric.api.s3.gateway import AutoCommitter, _etag_matches, parse_range
 from fabric.api.s3.multipart import Uploads
+from fabric.api.s3.objects import requested_range as parse_range
 
 
 def test_parse_range():

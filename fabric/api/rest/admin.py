@@ -1,0 +1,27 @@
+"""REST routes of service administration: stats, fsck and garbage collection."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from fabric.api.routing import Authenticator, PlaneGetter, caller, require_any
+
+
+def add_admin_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authenticator) -> None:
+    """Add the administration routes to ``router``; ``plane()`` is the data plane to serve."""
+    Caller = caller(authenticate)
+
+    @router.get("/stats", tags=["admin"])
+    def stats(who: Caller) -> dict:
+        require_any(who, "read")
+        return plane().stats()
+
+    @router.post("/admin/fsck", tags=["admin"])
+    def fsck(who: Caller, deep: bool = True) -> dict:
+        who.require_admin()
+        return plane().fsck(deep)
+
+    @router.post("/admin/gc", tags=["admin"])
+    def gc(who: Caller, grace: Annotated[float | None, Query(ge=0)] = None, dry_run: bool = False) -> dict:
+        who.require_admin()
+        return plane().gc(grace, dry_run)
