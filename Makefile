@@ -1,9 +1,9 @@
-# fabric — developer entry points (see README.md and DESIGN.md §6).
+# fabric — developer entry points (see README.md and ARCHITECTURE.md).
 #
 #   make up      run a hub and a spoke on embedded defaults under ./.fabric/
 #   make test    system packages (as root) + .venv, then the whole suite
 #   make bench   bench/run_all.sh
-#   make lint    ruff, when installed
+#   make lint    ruff and the layer rules (import-linter contracts in pyproject.toml)
 #
 # Variables: PY (interpreter that builds the venv), PYTEST_ARGS (extra pytest
 # arguments, e.g. PYTEST_ARGS='-k catalog -x'), UP_ARGS (extra `fabric up` args).
@@ -26,13 +26,13 @@ SHELL := bash
 # deps must finish before venv (it may install python3-venv); keep it serial.
 .NOTPARALLEL:
 
-.PHONY: help deps venv test up bench lint clean distclean
+.PHONY: help deps venv test up bench lint layers clean distclean
 
 help:
 	@echo "make up     # run a hub and a spoke on embedded defaults (SQLite, ./.fabric/)"
 	@echo "make test   # install everything (venv, system packages as root) and run the suite"
 	@echo "make bench  # run bench/run_all.sh"
-	@echo "make lint   # ruff, if installed"
+	@echo "make lint   # ruff and the layer rules (import-linter)"
 
 deps:
 	@PY='$(PY)' bash scripts/install-system-deps.sh
@@ -53,8 +53,9 @@ $(S3TOOLS)/.stamp:
 	'$(S3TOOLS)/bin/pip' install $(PIP_FLAGS) -q awscli s3fs awscrt
 	@touch '$@'
 
+# The layer rules run first: a broken layer fails the run before the suite starts.
 # pytest exit 5 = "no tests collected": not a failure for us.
-test: deps venv $(S3TOOLS)/.stamp
+test: deps venv $(S3TOOLS)/.stamp layers
 	@rc=0; FABRIC_S3_TOOLS='$(CURDIR)/$(S3TOOLS)' '$(VPY)' -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (treated as success)"; rc=0; fi; \
 	exit $$rc
@@ -67,11 +68,11 @@ bench: venv
 	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash bench/run_all.sh; \
 	else echo "bench: bench/run_all.sh not present, nothing to run"; fi
 
-lint:
-	@if [ -x '$(VENV)/bin/ruff' ]; then R='$(VENV)/bin/ruff'; \
-	elif command -v ruff >/dev/null 2>&1; then R=ruff; \
-	else echo "lint: ruff not installed (pip install ruff), skipping"; exit 0; fi; \
-	$$R check fabric hub spoke fuse csi tests
+layers: venv
+	'$(VENV)/bin/lint-imports'
+
+lint: venv layers
+	'$(VENV)/bin/ruff' check fabric hub spoke fuse testbed tests bench scripts
 
 clean:
 	rm -rf build *.egg-info .pytest_cache

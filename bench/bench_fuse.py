@@ -216,9 +216,9 @@ def main() -> None:
 
     # The hub: import the tree in-process (not what is measured), then serve it.
     sys.path.insert(0, FABRIC_SRC)
+    from fabric.client.transfer import import_directory
     from fabric.engine.engine import Engine
     from fabric.util.net import free_port
-    from fabric.client.transfer import import_directory
 
     hub_dir = os.path.join(stores, "hub")
     engine = Engine.open(hub_dir)
@@ -307,9 +307,7 @@ def main() -> None:
     for r in rows:
         unit = "MB/s" if r.startswith("large") else "files/s"
         f, c, loc = (med.get(n, {}).get(r) for n in ("fabric", "rclone", "local"))
-        fmt = lambda x: f"{x:,.0f}" if x is not None else "-"
-        ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"
-        md.append(f"| {r.replace('_', ' ')} | {unit} | {fmt(f)} | {fmt(c)} | {fmt(loc)} | {ratio(f, c)} | {ratio(f, loc)} |")
+        md.append(f"| {r.replace('_', ' ')} | {unit} | {_figure(f)} | {_figure(c)} | {_figure(loc)} | {_ratio(f, c)} | {_ratio(f, loc)} |")
     if tmpfs_rates:
         t = median(tmpfs_rates)
         md += [
@@ -325,6 +323,14 @@ def main() -> None:
     if args.md_out:
         with open(args.md_out, "w") as fh:
             fh.write(text + "\n")
+
+
+def _figure(x: float | None) -> str:
+    return f"{x:,.0f}" if x is not None else "-"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
 
 
 if __name__ == "__main__":

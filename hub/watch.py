@@ -10,6 +10,7 @@ one PostgreSQL serves the same stream.
 """
 
 
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -51,7 +52,7 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> AP
                 yield _line({"type": "heartbeat", "seq": seq})
             last_sent = time.monotonic()
             while True:
-                events = await anyio.to_thread.run_sync(lambda: catalog.events_after(seq, repo))
+                events = await anyio.to_thread.run_sync(functools.partial(catalog.events_after, seq, repo))
                 for s, r, kind, name, old, new, when in events:
                     seq = s
                     if who.can(r, "read"):

@@ -17,9 +17,9 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
-from fabric.format import frames
 from fabric.cache.disk import DiskCache
 from fabric.errors import Corruption, FabricError, NotFound
+from fabric.format import frames
 
 from .traffic import DEMAND, PREFETCH, Traffic
 

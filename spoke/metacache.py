@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from fabric.cache.disk import DiskCache
-from fabric.errors import BadRequest, Corruption, ObjectNotFound
 from fabric.engine.metastore import MetaStore, decode_object
+from fabric.errors import BadRequest, Corruption, ObjectNotFound
 
 from .traffic import METADATA, Traffic
 

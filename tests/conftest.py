@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from fabric.engine.engine import Engine
+from tests.hubserver import Hub, start_hub
 from tests.moto_server import start_moto
 from tests.pgserver import drop_database, fresh_database, postgres_available, postgres_unavailable_reason, start_postgres
 
@@ -101,7 +102,6 @@ def cli(tmp_path) -> Cli:
 
 
 # -- real hubs over loopback HTTP (tests/hubserver.py) ---------------------------
-from tests.hubserver import Hub, start_hub
 
 
 @pytest.fixture(scope="session")

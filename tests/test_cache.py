@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
+from fabric.cache.disk import CacheFull, DiskCache
 from fabric.format import frames
 from fabric.format.chunking import chunk_id
-from fabric.cache.disk import CacheFull, DiskCache
 
 KiB = 1024
 

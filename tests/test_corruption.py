@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
+from fabric.client.transfer import import_directory
 from fabric.engine.engine import Engine
 from fabric.errors import Corruption, FabricError
 from fabric.format.frames import HEADER_LEN, RAW, ZSTD
-from fabric.client.transfer import import_directory
 from tests.helpers.fstree import write_file
 
 MiB = 1 << 20

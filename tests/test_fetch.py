@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fabric.format import frames
-from fabric.format.chunking import chunk_id
+from fabric.cache.disk import DiskCache
 from fabric.client.http import HttpPlane
 from fabric.errors import Corruption, FabricError, NotFound
-from fabric.cache.disk import DiskCache
+from fabric.format import frames
+from fabric.format.chunking import chunk_id
 from spoke.fetch import BACKGROUND, DEMAND_PRIORITY, FetchScheduler
 from spoke.traffic import CountingTransport, Traffic
 from tests.hubserver import Hub, unique_name

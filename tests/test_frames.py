@@ -8,9 +8,9 @@ import pytest
 import xxhash
 import zstandard
 
+from fabric.errors import Corruption
 from fabric.format import frames
 from fabric.format.chunking import MAX_CHUNK, chunk_id
-from fabric.errors import Corruption
 
 
 def _random(n: int, seed: int = 0) -> bytes:

@@ -11,11 +11,11 @@ import os
 import random
 import time
 
-from fabric.engine.engine import Engine
-from fabric.format.ingest import file_entry
-from fabric.engine.maintenance import Walker, fsck, gc
-from fabric.format.packs import PACK_PREFIX
 from fabric.client.transfer import import_directory
+from fabric.engine.engine import Engine
+from fabric.engine.maintenance import Walker, fsck, gc
+from fabric.format.ingest import file_entry
+from fabric.format.packs import PACK_PREFIX
 from tests.helpers.fstree import write_file
 
 MiB = 1 << 20

@@ -8,10 +8,10 @@ import struct
 
 import pytest
 
-from fabric.format import frames, packs
-from fabric.format.chunking import chunk_id
 from fabric.engine.engine import Engine
 from fabric.errors import BadRequest, Corruption, NotFound
+from fabric.format import frames, packs
+from fabric.format.chunking import chunk_id
 from fabric.format.packs import (
     FOOTER,
     INDEX_ROW,

@@ -17,9 +17,9 @@ import unicodedata
 
 import pytest
 
+from fabric.client.transfer import export_tree, import_directory
 from fabric.engine.engine import Engine
 from fabric.errors import BadRequest
-from fabric.client.transfer import export_tree, import_directory
 from tests.helpers.fstree import (
     assert_same_tree,
     file_digest,
@@ -346,7 +346,10 @@ def test_file_over_2gib_round_trip_with_bounded_memory(big_space, record_propert
         stats = e.stats()
     finally:
         e.close()
-    mib_s = lambda secs: size / MiB / secs
+
+    def mib_s(secs: float) -> float:
+        return size / MiB / secs
+
     figures = {
         "write_s": round(write_seconds, 1),
         "import_s": round(import_s, 1),

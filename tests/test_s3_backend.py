@@ -15,10 +15,10 @@ import uuid
 import boto3
 import pytest
 
-from fabric.engine.engine import Engine
-from fabric.errors import Corruption
-from fabric.engine.maintenance import Walker, fsck, gc
 from fabric.client.transfer import export_tree, import_directory
+from fabric.engine.engine import Engine
+from fabric.engine.maintenance import Walker, fsck, gc
+from fabric.errors import Corruption
 from tests.helpers.fstree import assert_same_tree, random_files, snapshot, write_file
 
 MiB = 1 << 20

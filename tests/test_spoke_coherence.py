@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import pytest
 
 from fabric.client.http import HttpPlane
-from testbed.wanproxy import WanProxy
 from spoke.coherence import RefTracker, StagingCache
 from spoke.state import SpokeState
 from spoke.traffic import Traffic
+from testbed.wanproxy import WanProxy
 from tests.hubserver import Hub, unique_name
 from tests.spokeserver import Spoke, random_bytes, start_spoke, wait_for
 

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fabric.format import frames, packs
-from fabric.format.chunking import chunk_id
 from fabric.client.http import UPLOAD_PACK_SIZE
 from fabric.errors import BadRequest, StorageFull, Unavailable
+from fabric.format import frames, packs
+from fabric.format.chunking import chunk_id
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.model import Entry
 from spoke.plane import SpokePlane

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from fabric.engine.metastore import METARANGE, RANGE, MetaStore
+from fabric.engine.tree import RANGE_MAX, Trees, is_boundary
 from fabric.format.model import DIR, SYMLINK, Entry
 from fabric.store import LocalStore
-from fabric.engine.tree import RANGE_MAX, Trees, is_boundary
 
 
 class CountingMetaStore(MetaStore):
@@ -352,8 +352,8 @@ def test_diff_reads_scale_with_changes_not_size(store: LocalStore) -> None:
 
 
 def test_corrupt_range_object_is_detected(store: LocalStore, trees: Trees) -> None:
-    from fabric.errors import Corruption
     from fabric.engine.metastore import object_key
+    from fabric.errors import Corruption
 
     tid = build(trees, sample_items(2000, 14))
     rid = range_ids(trees, tid)[1]

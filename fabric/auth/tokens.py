@@ -17,8 +17,8 @@ import secrets
 import threading
 import time
 
-from fabric.catalog.db import Database
 from fabric.auth.principal import Principal, check_role
+from fabric.catalog.db import Database
 from fabric.errors import BadRequest, NotFound, Unauthorized
 from fabric.format.paths import check_repo_name
 

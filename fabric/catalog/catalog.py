@@ -11,9 +11,9 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from fabric.errors import Conflict, NotFound
 from fabric.catalog.db import Database, batched, placeholders
 from fabric.catalog.schema import SCHEMA, SCHEMA_VERSION
+from fabric.errors import Conflict, NotFound
 
 BRANCH = "branch"
 TAG = "tag"

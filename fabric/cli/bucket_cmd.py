@@ -6,8 +6,8 @@ import time
 
 import click
 
-from fabric.engine.refs import split_repo_ref
 from fabric.cli.context import Ctx, handle_errors, pass_ctx
+from fabric.engine.refs import split_repo_ref
 
 
 @click.group("bucket")

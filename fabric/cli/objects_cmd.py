@@ -7,9 +7,9 @@ import time
 
 import click
 
-from fabric.engine.refs import split_repo_ref
 from fabric.cli.context import Ctx, handle_errors, human_size, pass_ctx
 from fabric.cli.transfer_cmd import repo_branch
+from fabric.engine.refs import split_repo_ref
 
 
 def repo_ref(ctx: Ctx, spec: str) -> tuple[str, str]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from fabric.errors import BadRequest
-from fabric.engine.refs import split_repo_ref
-from fabric.client.transfer import export_tree, import_directory
 from fabric.cli.context import Ctx, handle_errors, human_size, pass_ctx
+from fabric.client.transfer import export_tree, import_directory
+from fabric.engine.refs import split_repo_ref
+from fabric.errors import BadRequest
 
 
 def repo_branch(spec: str) -> tuple[str, str]:

@@ -19,11 +19,11 @@ import msgpack
 
 from fabric import errors
 from fabric.auth.principal import Principal
-from fabric.plane.wire import MSGPACK, STAGING_SEQ_HEADER, commit_from_json, entry_from_json, pack_changes
 from fabric.format.ingest import PackSession
 from fabric.format.listing import Change, Listing
 from fabric.format.model import Commit, Entry
 from fabric.plane.dataplane import DataPlane
+from fabric.plane.wire import MSGPACK, STAGING_SEQ_HEADER, commit_from_json, entry_from_json, pack_changes
 from fabric.util.progress import Progress
 
 #: Packs sent over the network are smaller than stored ones, so a failed upload costs less.

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from fabric.format import frames, packs
+from fabric.cache.lru import BytesLRU
 from fabric.catalog import Catalog
 from fabric.catalog.catalog import ChunkLocation
 from fabric.errors import Corruption, NotFound, ObjectNotFound
+from fabric.format import frames, packs
 from fabric.format.ingest import PackSession
-from fabric.cache.lru import BytesLRU
 from fabric.store import ObjectStore
 
 #: Reads of frames closer together than this in one pack are merged into one GET.

@@ -20,18 +20,18 @@ from fabric.catalog import Catalog, Database
 from fabric.catalog.catalog import BRANCH, TAG
 from fabric.engine import maintenance
 from fabric.engine.chunkstore import ChunkStore
-from fabric.format.ingest import PackSession, file_entry, ingest_stream
-from fabric.errors import BadRequest, Conflict, MergeConflict, NotFound, ObjectNotFound
 from fabric.engine.metastore import CHUNKLIST, COMMIT, METARANGE, MetaStore
-from fabric.format.model import FILE, INLINE_CHUNKS, Commit, Entry
-from fabric.store import ObjectStore, open_store
-from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix, check_ref_name, check_repo_name
-from fabric.engine.refs import parse_ref
-from fabric.format.listing import Change, Listing, change_kind
-from fabric.plane.dataplane import DataPlane
-from fabric.util.progress import Progress
 from fabric.engine.reader import Reader, View, prefix_end
+from fabric.engine.refs import parse_ref
 from fabric.engine.tree import Trees
+from fabric.errors import BadRequest, Conflict, MergeConflict, NotFound, ObjectNotFound
+from fabric.format.ingest import PackSession, file_entry, ingest_stream
+from fabric.format.listing import Change, Listing, change_kind
+from fabric.format.model import FILE, INLINE_CHUNKS, Commit, Entry
+from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix, check_ref_name, check_repo_name
+from fabric.plane.dataplane import DataPlane
+from fabric.store import ObjectStore, open_store
+from fabric.util.progress import Progress
 
 DEFAULT_BRANCH = "main"
 #: The pack store of a data directory unless told otherwise: ``DIR/store``.
@@ -75,7 +75,7 @@ class Engine(DataPlane):
     @classmethod
     def open(
         cls, data_dir: str, db_url: str | None = None, store_url: str | None = None, gc_grace: float | None = None
-    ) -> "Engine":
+    ) -> Engine:
         """Open (creating if needed) the hub data directory ``data_dir``.
 
         Defaults: SQLite at ``DIR/catalog.db``, packs under ``DIR/store``. A store

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fabric.format import packs
-from fabric.errors import Corruption, FabricError, NotFound, ObjectNotFound
 from fabric.engine.metastore import CHUNKLIST, COMMIT, METARANGE, PREFIX, RANGE, decode_object, object_key
+from fabric.errors import Corruption, FabricError, NotFound, ObjectNotFound
+from fabric.format import packs
 from fabric.format.model import FILE, Entry
 from fabric.util.progress import Progress
 

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from fabric.engine.metastore import CHUNKLIST, COMMIT, MetaStore
+from fabric.engine.tree import Trees
 from fabric.errors import BadRequest, RangeNotSatisfiable
 from fabric.format.listing import Listing
-from fabric.engine.metastore import CHUNKLIST, COMMIT, MetaStore
 from fabric.format.model import FILE, Commit, Entry
-from fabric.engine.tree import Trees
 
 #: Chunks requested from the chunk source at a time while streaming a file.
 READ_BATCH = 64

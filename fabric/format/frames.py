@@ -19,8 +19,8 @@ import threading
 import xxhash
 import zstandard
 
-from fabric.format.chunking import MAX_CHUNK, chunk_id
 from fabric.errors import Corruption
+from fabric.format.chunking import MAX_CHUNK, chunk_id
 
 RAW = 0
 ZSTD = 1

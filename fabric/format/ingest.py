@@ -141,7 +141,7 @@ class PackSession:
         if len(last):
             self._deliver(last)
 
-    def __enter__(self) -> "PackSession":
+    def __enter__(self) -> PackSession:
         return self
 
     def __exit__(self, *exc: object) -> None:

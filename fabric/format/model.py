@@ -46,10 +46,10 @@ class Entry:
     def etag(self) -> str:
         return self.md5
 
-    def same_content(self, other: "Entry | None") -> bool:
+    def same_content(self, other: Entry | None) -> bool:
         return other is not None and self.encode() == other.encode()
 
-    def with_(self, **changes: Any) -> "Entry":
+    def with_(self, **changes: Any) -> Entry:
         return replace(self, **changes)
 
     def to_wire(self) -> dict[str, Any]:
@@ -71,7 +71,7 @@ class Entry:
         return d
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> "Entry":
+    def from_wire(cls, d: dict[str, Any]) -> Entry:
         return cls(
             kind=_KIND_NAMES[d["k"]],
             size=d["s"],
@@ -90,7 +90,7 @@ class Entry:
         return msgpack.packb(self.to_wire(), use_bin_type=True)
 
     @classmethod
-    def decode(cls, data: bytes) -> "Entry":
+    def decode(cls, data: bytes) -> Entry:
         return cls.from_wire(msgpack.unpackb(data, raw=False))
 
     def describe(self) -> dict[str, Any]:
@@ -133,11 +133,11 @@ class Commit:
         }
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any], cid: str) -> "Commit":
+    def from_wire(cls, d: dict[str, Any], cid: str) -> Commit:
         return cls(d["tree"], tuple(d["parents"]), d["author"], d["message"], d["time"], d.get("meta", {}), cid)
 
     @classmethod
-    def new(cls, tree: str, parents: list[str], author: str, message: str, meta: dict[str, str] | None = None) -> "Commit":
+    def new(cls, tree: str, parents: list[str], author: str, message: str, meta: dict[str, str] | None = None) -> Commit:
         return cls(tree, tuple(parents), author, message, time.time(), dict(meta or {}))
 
     def describe(self) -> dict[str, Any]:

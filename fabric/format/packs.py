@@ -18,9 +18,9 @@ import struct
 import time
 from dataclasses import dataclass
 
+from fabric.errors import BadRequest, Corruption
 from fabric.format import frames
 from fabric.format.chunking import ID_LEN
-from fabric.errors import BadRequest, Corruption
 
 MAGIC = b"FPK1"
 INDEX_ROW = struct.Struct(f"<{ID_LEN}sQII")
