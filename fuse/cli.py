@@ -9,8 +9,8 @@ import sys
 import click
 
 from fabric.cli.context import handle_errors
-from fabric.errors import BadRequest
 from fabric.engine.refs import split_repo_ref
+from fabric.errors import BadRequest
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -133,8 +133,8 @@ def mount(
     stats_interval: float,
     ready_fd: int | None,
 ) -> None:
-    from .fs import MountConfig
-    from .mount import (
+    from fuse.config import MountConfig
+    from fuse.mount import (
         check_mountpoint,
         default_log_path,
         open_plane,
@@ -216,6 +216,6 @@ def _child_options(ctx: click.Context) -> list[str]:
 @handle_errors
 def umount(mountpoint: str, lazy: bool, timeout: float) -> None:
     """Unmount a fabric mount and wait until its process has finished (staged writes, unmount commit)."""
-    from .mount import unmount
+    from fuse.mount import unmount
 
     unmount(mountpoint, lazy, timeout)

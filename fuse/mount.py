@@ -26,8 +26,9 @@ import time
 from dataclasses import asdict
 
 from fabric.errors import BadRequest, FabricError
-
-from .fs import FabricFS, FabricFUSE, MountConfig
+from fuse.config import MountConfig
+from fuse.fs import FabricFS
+from fuse.libfuse import FabricFUSE
 
 log = logging.getLogger("fabric.fuse")
 
@@ -140,7 +141,7 @@ def run_foreground(
         "server": server,
         "target": f"{cfg.repo}@{cfg.ref}",
         "commit": commit_id,
-        "writable": fs.writable,
+        "writable": fs.state.writable,
         "log": _log_file(),
         "config": {k: v for k, v in asdict(cfg).items()},
     }
@@ -150,7 +151,7 @@ def run_foreground(
             _tune_readahead(mp, cfg.readahead)
             with open(state_path(mp), "w") as f:
                 json.dump(state, f)
-            what = "read-write branch" if fs.writable else "branch (read-only)" if is_branch else f"commit {commit_id[:12]}"
+            what = "read-write branch" if fs.state.writable else "branch (read-only)" if is_branch else f"commit {commit_id[:12]}"
             log.info("mounted %s@%s (%s) at %s from %s", cfg.repo, cfg.ref, what, mp, server)
             report("ok")
         except Exception as exc:  # noqa: BLE001
@@ -176,7 +177,7 @@ def run_foreground(
         "fsname": f"fabric:{cfg.repo}@{cfg.ref}",
         "subtype": "fabric",
         "default_permissions": True,
-        "ro": not fs.writable,
+        "ro": not fs.state.writable,
         "max_threads": 32,
     }
     if allow_other:
@@ -205,15 +206,15 @@ def stats_path(mountpoint: str) -> str:
 def write_stats(mountpoint: str, fs: FabricFS) -> None:
     data = {
         "ops": fs.stats.snapshot(),
-        "read_bytes": fs.read_bytes,
-        "fetched_chunks": fs.fetcher.fetched_chunks,
-        "fetched_bytes": fs.fetcher.fetched_bytes,
-        "frame_requests": fs.fetcher.requests,
-        "listings": fs.ns.lists,
-        "memory_cache_bytes": fs.memory.size,
+        "read_bytes": fs.reads.read_bytes,
+        "fetched_chunks": fs.reads.fetcher.fetched_chunks,
+        "fetched_bytes": fs.reads.fetcher.fetched_bytes,
+        "frame_requests": fs.reads.fetcher.requests,
+        "listings": fs.state.ns.lists,
+        "memory_cache_bytes": fs.reads.memory.size,
         "server_outages": fs.health.outages,
         "server_retries": fs.health.retries,
-        "unstaged_files": sum(1 for w in list(fs.wfiles.values()) if w.dirty),
+        "unstaged_files": sum(1 for w in list(fs.state.files.values()) if w.dirty),
     }
     tmp = stats_path(mountpoint) + ".tmp"
     with open(tmp, "w") as f:

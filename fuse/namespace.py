@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from fabric.format.model import DIR, FILE, Entry
-
-from .retry import Health, ServerGone
+from fabric.plane.retry import RetryingPlane, ServerGone
 
 LIST_PAGE = 10_000
 
@@ -62,8 +61,7 @@ def split(path: str) -> tuple[str, str]:
 class Namespace:
     def __init__(
         self,
-        plane,
-        health: Health,
+        plane: RetryingPlane,
         repo: str,
         ref: str,
         implicit: Entry,
@@ -71,7 +69,6 @@ class Namespace:
         lock: threading.RLock | None = None,
     ) -> None:
         self.plane = plane
-        self.health = health
         self.repo = repo
         self.ref = ref  # a commit id (immutable mounts) or a branch name
         self.implicit = implicit  # attributes of directories that have no marker
@@ -124,7 +121,7 @@ class Namespace:
         after = ""
         started = time.monotonic()
         while True:
-            page = self.health.call(self.plane.list, self.repo, self.ref, prefix, "/", after, LIST_PAGE)
+            page = self.plane.list(self.repo, self.ref, prefix, "/", after, LIST_PAGE)
             self.lists += 1
             for p, entry in page.entries:
                 children[p[len(prefix) :]] = entry

@@ -18,13 +18,13 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from fabric.cache.disk import DiskCache
+from fabric.cache.lru import BytesLRU
+from fabric.errors import Corruption
 from fabric.format import frames
 from fabric.format.chunking import chunk_id
-from fabric.cache.disk import DiskCache
-from fabric.errors import Corruption
-from fabric.cache.lru import BytesLRU
-
-from .retry import Health
+from fabric.plane.dataplane import DataPlane
+from fabric.plane.retry import RetryingPlane
 
 log = logging.getLogger("fabric.fuse")
 
@@ -47,14 +47,12 @@ class Fetcher:
 
     def __init__(
         self,
-        plane,
-        health: Health,
+        plane: RetryingPlane,
         memory: BytesLRU,
         disk: DiskCache | None = None,
         workers: int = 4,
     ) -> None:
         self.plane = plane
-        self.health = health
         self.memory = memory
         self.disk = disk
         self._inflight: dict[bytes, Future] = {}
@@ -138,12 +136,12 @@ class Fetcher:
         got: dict[bytes, bytes] = {}
         corrupt_retries = 1
 
-        def attempt() -> None:
+        def attempt(plane: DataPlane) -> None:
             remaining = [cid for cid in ids if cid not in got]
             if not remaining:
                 return
             self.requests += 1
-            for cid, frame in self.plane.frames(remaining):
+            for cid, frame in plane.frames(remaining):
                 if cid in got or cid not in self._inflight:
                     continue
                 data = frames.decode(frame, cid)
@@ -163,7 +161,7 @@ class Fetcher:
 
         while True:
             try:
-                self.health.call(attempt)
+                self.plane.retried(attempt)
                 return got
             except Corruption as exc:
                 if corrupt_retries > 0:
@@ -246,4 +244,4 @@ class FileReader:
             if stop <= start:
                 return
             self.ahead = stop
-        self.fetcher.prefetch(zip(self.ids[start:stop], self.lengths[start:stop]))
+        self.fetcher.prefetch(zip(self.ids[start:stop], self.lengths[start:stop], strict=True))

@@ -24,8 +24,7 @@ import time
 
 from fabric.format.ingest import ingest_stream
 from fabric.format.model import FILE, Entry
-
-from .reader import FileReader
+from fuse.reader import FileReader
 
 #: The MD5 of no bytes: the ETag of an empty file.
 EMPTY_MD5 = hashlib.md5(b"").hexdigest()

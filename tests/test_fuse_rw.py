@@ -402,7 +402,7 @@ def test_open_unlinked_and_renamed_files_keep_working(hub, tmp_path):
 
 def test_server_errors_become_the_errno_a_program_expects():
     from fabric.errors import BadRequest, Forbidden, InvalidPath, NotFound, StorageFull, Unavailable
-    from fuse.fs import fs_errno
+    from fuse.errors import fs_errno
 
     assert fs_errno(StorageFull("the spoke's pinned budget is full")) == errno.ENOSPC
     assert fs_errno(NotFound("gone")) == errno.ENOENT

@@ -1,0 +1,26 @@
+"""The settings of one mount (``fabric mount`` options), as the mount process receives them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class MountConfig:
+    repo: str
+    ref: str
+    writable: bool = False
+    uid: int = 0  # owner of entries that record none
+    gid: int = 0
+    attr_timeout: float = 1.0  # branch mounts
+    server_timeout: float = 120.0
+    readahead: int = 32 * 1024 * 1024
+    memory_cache: int = 512 * 1024 * 1024
+    cache_dir: str | None = None
+    cache_size: int = 10 * 1024**3
+    write_dir: str | None = None
+    commit_interval: float = 0.0
+    commit_on_unmount: bool = False
+    commit_message: str = "fabric mount"
+    durability: str = "local"
+    fetch_workers: int = 4

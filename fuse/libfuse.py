@@ -1,0 +1,153 @@
+"""What fabric needs from libfuse beyond mfusepy's defaults: the connection settings
+asked for at INIT, invalidating the kernel's cache of a path, and :class:`FabricFUSE`
+(cacheable directory handles, READDIRPLUS, rename flags, file handles on setattr,
+reads copied straight into the kernel's buffer)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import time
+from typing import Any
+
+import mfusepy
+
+from fuse.config import MountConfig
+from fuse.errors import fs_errno
+
+log = logging.getLogger("fabric.fuse")
+
+_libfuse = mfusepy._libfuse
+_libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_libfuse.fuse_invalidate_path.restype = ctypes.c_int
+
+FOREVER = 365 * 24 * 3600.0
+FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
+FUSE_CAP_HANDLE_KILLPRIV = 1 << 20
+FUSE_READDIR_PLUS = 1
+FUSE_FILL_DIR_PLUS = 2
+
+
+def configure(conn: Any, config: Any, cfg: MountConfig, *, immutable: bool, writable: bool) -> None:
+    """Fill in libfuse's connection (``conn``) and mount (``config``) settings at INIT."""
+    if config is not None:
+        config.use_ino = 0
+        config.hard_remove = 1  # unlinked open files stay readable through their handle
+        # Handle-based operations get no path (they may outlive it); an immutable mount
+        # has no open handles at all (see open) and reads by path.
+        config.nullpath_ok = 0 if immutable else 1
+        if immutable:
+            config.kernel_cache = 1
+            config.entry_timeout = config.attr_timeout = config.negative_timeout = FOREVER
+        else:
+            config.kernel_cache = 0
+            config.entry_timeout = config.attr_timeout = cfg.attr_timeout
+            config.negative_timeout = cfg.attr_timeout if not writable else 0.0
+    if conn is not None:
+        conn.want &= ~FUSE_CAP_HANDLE_KILLPRIV  # the kernel clears setuid/setgid bits itself
+        # Every readdir is a READDIRPLUS (names with attributes): listings come whole from
+        # memory, and `ls -l`/find then need no lookup per entry.
+        conn.want &= ~FUSE_CAP_READDIRPLUS_AUTO
+        conn.max_readahead = max(conn.max_readahead, min(cfg.readahead, 1 << 30))
+        conn.max_background = max(conn.max_background, 64)
+        conn.congestion_threshold = max(conn.congestion_threshold, 48)
+
+
+def invalidate_path(p: str) -> None:
+    """Make the kernel forget its cached attributes and pages of ``p`` (close-to-open).
+
+    Only from inside a filesystem operation (it needs the calling context)."""
+    try:
+        ctx = _libfuse.fuse_get_context()
+        _libfuse.fuse_invalidate_path(ctx.contents.fuse, ("/" + p).encode("utf-8", "surrogateescape"))
+    except Exception as exc:  # noqa: BLE001 - best effort; attributes expire anyway
+        log.debug("cannot invalidate %s: %s", p, exc)
+
+
+def _address(data: bytes) -> int:
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
+
+
+class FabricFUSE(mfusepy.FUSE):
+    """mfusepy's FUSE with what fabric needs beyond it: cacheable directory handles,
+    READDIRPLUS (names with attributes), rename flags, and file handles on setattr."""
+
+    def read(self, path: bytes | None, buf, size: int, offset: int, fip) -> int:
+        """Copy each piece once, into the kernel's buffer (no joined copy of the whole read)."""
+        parts = self.operations.read(self._p(path), size, offset, fip.contents)
+        dst = ctypes.cast(buf, ctypes.c_void_p).value or 0
+        n = 0
+        for data, lo, hi in parts:
+            k = hi - lo
+            if k <= 0:
+                continue
+            if lo == 0:
+                ctypes.memmove(dst + n, data, k)
+            else:
+                ctypes.memmove(dst + n, _address(data) + lo, k)
+            n += k
+        return n
+
+    def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):
+        if not flags & FUSE_READDIR_PLUS:
+            return super().readdir_fuse_3(path, buf, filler, offset, fip, flags)
+        # Entries are passed with offsets: libfuse 3.14 drops the attributes of
+        # READDIRPLUS entries that come without offsets.
+        ops = self.operations
+        t0 = time.perf_counter()
+        failed = True
+        try:
+            fh = fip.contents.fh
+            items = ops.readdir_snapshot(fh, refresh=offset == 0)
+            st = mfusepy.c_stat()
+            size = ctypes.sizeof(st)
+            for i in range(offset, len(items)):
+                name, attrs = items[i]
+                ctypes.memset(ctypes.byref(st), 0, size)
+                mfusepy.set_st_attrs(st, attrs, use_ns=True)
+                plus = FUSE_FILL_DIR_PLUS if i >= 2 else 0
+                if filler(buf, name.encode(self.encoding, self.errors), st, i + 1, plus) != 0:
+                    break
+            failed = False
+            return 0
+        except Exception as exc:  # noqa: BLE001
+            code = fs_errno(exc)
+            log.log(logging.ERROR if code == errno.EIO else logging.DEBUG, "readdirplus failed: %s", exc)
+            return -code
+        finally:
+            ops.stats.record("readdirplus", time.perf_counter() - t0, failed)
+
+    def opendir(self, path: bytes, fip) -> int:
+        fi = fip.contents
+        fi.fh = self.operations.opendir(path.decode(self.encoding, self.errors), fi)
+        return 0
+
+    # libfuse gives no path with a file handle (nullpath_ok): pass the handle on.
+    def _p(self, path: bytes | None) -> str | None:
+        return None if path is None else path.decode(self.encoding, self.errors)
+
+    def chmod_fuse_3(self, path: bytes | None, mode: int, fip) -> int:
+        return self.operations.chmod(self._p(path), mode, fip.contents if fip else None)
+
+    def chown_fuse_3(self, path: bytes | None, uid: int, gid: int, fip) -> int:
+        if ctypes.c_uint32(uid + 1).value == 0:
+            uid = -1
+        if ctypes.c_uint32(gid + 1).value == 0:
+            gid = -1
+        return self.operations.chown(self._p(path), uid, gid, fip.contents if fip else None)
+
+    def truncate_fuse_3(self, path: bytes | None, length: int, fip) -> int:
+        return self.operations.truncate(self._p(path), length, fip.contents if fip else None)
+
+    def utimens_fuse_3(self, path: bytes | None, buf, fip) -> int:
+        times = None
+        if buf:
+            times = (
+                mfusepy.time_of_timespec(buf.contents.actime, use_ns=True),
+                mfusepy.time_of_timespec(buf.contents.modtime, use_ns=True),
+            )
+        return self.operations.utimens(self._p(path), times, fip.contents if fip else None)
+
+    def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
+        return self.operations.rename(old.decode(self.encoding, self.errors), new.decode(self.encoding, self.errors), flags)

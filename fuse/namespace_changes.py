@@ -1,0 +1,212 @@
+"""Namespace changes of a ``--rw`` mount: mkdir, rmdir, unlink, symlink and rename.
+
+Each change is staged at once, as one atomic
+:meth:`~fabric.plane.dataplane.DataPlane.stage` call, under the mount's
+namespace lock; the cached listings (:mod:`fuse.namespace`) and the local
+tables (files being written, session times, kernel cache signatures) follow it.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+
+from fabric.format.model import DIR, FILE, SYMLINK, Entry
+from fabric.format.paths import check_path
+from fabric.plane.dataplane import DataPlane
+from fuse.errors import err
+from fuse.namespace import split
+from fuse.read_path import ReadPath
+from fuse.state import MountState
+from fuse.write_path import WritePath
+
+RENAME_NOREPLACE = 1
+
+
+class NamespaceChanges:
+    """Creating, removing and moving names on the branch."""
+
+    def __init__(self, state: MountState, writes: WritePath, reads: ReadPath) -> None:
+        self.state = state
+        self.writes = writes
+        self.reads = reads
+
+    def _keep_parent(self, p: str, changes: dict[str, Entry | None]) -> None:
+        """Removing ``p`` may empty an implicit parent directory: give it a marker so it stays."""
+        st = self.state
+        parent, _ = split(p)
+        if parent and parent not in changes:
+            pe = st.ns.lookup(parent)
+            if st.ns.is_implicit(pe):
+                now = time.time_ns()
+                changes[parent] = Entry(DIR, 0, st.implicit.mode, now, uid=st.implicit.uid, gid=st.implicit.gid)
+
+    def mkdir(self, p: str, mode: int) -> None:
+        st = self.state
+        st.need_rw()
+        st.check_new(p)
+        uid, gid, mode = st.new_owner(p, mode & 0o7777, True)
+        now = time.time_ns()
+        with st.mu:
+            st.stage({p: Entry(DIR, 0, mode, now, uid=uid, gid=gid)})
+            st.ns.set_loaded(p, {})
+            st.times.pop(p, None)
+            st.bump_dir(split(p)[0], now)
+
+    def rmdir(self, p: str) -> None:
+        st = self.state
+        st.need_rw()
+        if p == "":
+            raise err(errno.EBUSY)
+        with st.mu:
+            e = st.ns.lookup(p)
+            if e is None:
+                raise err(errno.ENOENT)
+            if e.kind != DIR:
+                raise err(errno.ENOTDIR)
+            st.ns.invalidate(p)
+            if st.ns.dir(p).children or any(w.startswith(p + "/") for w in st.files):
+                raise err(errno.ENOTEMPTY)
+            changes: dict[str, Entry | None] = {p: None}
+            self._keep_parent(p, changes)
+            st.stage(changes)
+            st.times.pop(p, None)
+            st.bump_dir(split(p)[0])
+
+    def unlink(self, p: str) -> None:
+        st = self.state
+        st.need_rw()
+        with st.mu:
+            wf = st.files.pop(p, None)
+            on_server = True
+            if wf is not None:
+                wf.unlinked = True
+                wf.path = None
+                on_server = wf.on_server
+            else:
+                e = st.ns.lookup(p)
+                if e is None:
+                    raise err(errno.ENOENT)
+                if e.kind == DIR:
+                    raise err(errno.EISDIR)
+            if on_server:
+                changes: dict[str, Entry | None] = {p: None}
+                self._keep_parent(p, changes)
+                st.stage(changes)
+            st.times.pop(p, None)
+            st.kernel_sig.pop(p, None)
+            st.bump_dir(split(p)[0])
+        if wf is not None:
+            self.writes.maybe_drop(wf)
+
+    def symlink(self, p: str, target: str) -> None:
+        st = self.state
+        st.need_rw()
+        st.check_new(p)
+        uid, gid, _ = st.new_owner(p, 0o777, False)
+        now = time.time_ns()
+        try:
+            size = len(target.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise err(errno.EILSEQ) from None
+        with st.mu:
+            st.stage({p: Entry(SYMLINK, size, 0o777, now, uid=uid, gid=gid, target=target)})
+            st.times.pop(p, None)
+            st.bump_dir(split(p)[0], now)
+
+    def rename(self, src: str, dst: str, flags: int = 0) -> None:
+        st = self.state
+        st.need_rw()
+        if flags & ~RENAME_NOREPLACE:
+            raise err(errno.EINVAL)  # RENAME_EXCHANGE / RENAME_WHITEOUT
+        check_path(dst)
+        if src == dst:
+            return
+        # Stage what is still local first (outside the namespace lock: uploads can be long).
+        for wp, wf in list(st.files.items()):
+            if wp == src or wp.startswith(src + "/"):
+                self.writes.sync(wf)
+        with st.mu:
+            se = st.entry(src)
+            if se is None:
+                raise err(errno.ENOENT)
+            de = st.entry(dst)
+            if de is not None and flags & RENAME_NOREPLACE:
+                raise err(errno.EEXIST)
+            changes: dict[str, Entry | None] = {}
+            now = time.time_ns()
+            if se.kind == DIR:
+                if de is not None:
+                    if de.kind != DIR:
+                        raise err(errno.ENOTDIR)
+                    st.ns.invalidate(dst)
+                    if st.ns.dir(dst).children or any(w.startswith(dst + "/") for w in st.files):
+                        raise err(errno.ENOTEMPTY)
+                moved = self._walk_fresh(src)
+                for path, _ in moved:
+                    changes[path] = None
+                for path, e in moved:
+                    changes[dst + path[len(src) :]] = e
+                changes[src] = None
+                changes[dst] = None if st.ns.is_implicit(se) else se
+                if changes[dst] is None and not moved:
+                    changes[dst] = Entry(DIR, 0, se.mode, se.mtime_ns, uid=se.uid, gid=se.gid)
+            else:
+                if de is not None and de.kind == DIR:
+                    raise err(errno.EISDIR)
+                fe = self.reads.fresh_entry(src) if se.kind == FILE else se
+                if fe is None:
+                    raise err(errno.ENOENT)
+                changes[src] = None
+                changes[dst] = fe
+            self._keep_parent(src, changes)
+            st.plane.stage(st.repo, st.branch, changes)
+            # Caches: listings below both names are stale; parents get the moved entries.
+            st.ns.invalidate_tree(src)
+            st.ns.invalidate_tree(dst)
+            for path, e in changes.items():
+                st.ns.update(path, e)
+            if se.kind == DIR and changes[dst] is None:
+                st.ns.update(dst, st.implicit)
+            self._move_local(src, dst, se.kind == DIR, now)
+            st.bump_dir(split(src)[0], now)
+            st.bump_dir(split(dst)[0], now)
+
+    def _walk_fresh(self, d: str) -> list[tuple[str, Entry]]:
+        """Every entry below directory ``d`` as the branch has it now (the walk retried as a whole)."""
+        st = self.state
+
+        def walk(plane: DataPlane) -> list[tuple[str, Entry]]:
+            return list(plane.walk(st.repo, st.branch, d + "/"))
+
+        return st.plane.retried(walk)
+
+    def _move_local(self, src: str, dst: str, is_dir: bool, now: int) -> None:
+        """Carry local state (open files, session times, kernel cache signatures) to the new name."""
+        st = self.state
+
+        def moved(p: str) -> str | None:
+            if p == src:
+                return dst
+            if is_dir and p.startswith(src + "/"):
+                return dst + p[len(src) :]
+            return None
+
+        for table in (st.files, st.times, st.kernel_sig):
+            for p in [p for p in table if p == dst or (is_dir and p.startswith(dst + "/"))]:
+                if table is st.files:
+                    w = st.files.pop(p)
+                    w.unlinked, w.path = True, None
+                else:
+                    table.pop(p)
+            for p in [p for p in table if moved(p) is not None]:
+                q = moved(p)
+                value = table.pop(p)
+                table[q] = value  # type: ignore[index]
+                if table is st.files:
+                    value.path = q  # type: ignore[union-attr]
+        t = st.times.setdefault(dst, {})
+        t["ctime"] = now
+        w = st.files.get(dst)
+        if w is not None:
+            w.ctime_ns = now

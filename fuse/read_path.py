@@ -1,0 +1,181 @@
+"""The read path: opening and reading committed (or staged) file versions.
+
+Read-only mounts of a commit or tag are immutable: entries and chunks are
+cached for good, there are no open handles (reads go by path, one
+:class:`~fuse.reader.FileReader` per recently read file) and the kernel keeps
+its page cache. Branch mounts follow the head with close-to-open coherence:
+``open`` fetches the current entry and pins a handle to that version
+(snapshot isolation), dropping the kernel's cached pages of an older one.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from fabric.cache.lru import BytesLRU
+from fabric.errors import NotFound
+from fabric.format.model import DIR, FILE, Entry
+from fuse.errors import err
+from fuse.handles import RHandle, WHandle, content_sig
+from fuse.libfuse import invalidate_path
+from fuse.namespace import split
+from fuse.reader import Fetcher, FileReader, chunk_disk_cache
+from fuse.state import MountState
+
+log = logging.getLogger("fabric.fuse")
+
+#: Sibling readahead: when files of a directory are opened in order, fetch the next ones' chunks.
+SIBLINGS_AHEAD = 512
+SIBLINGS_BYTES = 16 * 1024 * 1024
+#: Readers kept for an immutable mount (which reads by path).
+READERS = 4096
+
+
+class ReadPath:
+    """Opens and reads of a mount; owns the chunk caches and the fetcher."""
+
+    def __init__(self, state: MountState) -> None:
+        self.state = state
+        cfg = state.cfg
+        disk = chunk_disk_cache(cfg.cache_dir, cfg.cache_size) if cfg.cache_dir else None
+        self.memory = BytesLRU(cfg.memory_cache)
+        self.fetcher = Fetcher(state.plane, self.memory, disk, cfg.fetch_workers)
+        self.readers: OrderedDict[str, FileReader] = OrderedDict()
+        self.readers_lock = threading.Lock()
+        self.read_bytes = 0  # asked by the kernel (what its page cache lacked)
+
+    def close(self) -> None:
+        self.fetcher.close()
+
+    # -- entries -----------------------------------------------------------------------
+    def fresh_file(self, p: str) -> Entry:
+        """:meth:`fresh_entry` of a path that must be a file to be opened: ENOENT, EISDIR or EINVAL."""
+        e = self.fresh_entry(p)
+        if e is None:
+            raise err(errno.ENOENT)
+        if e.kind == DIR:
+            raise err(errno.EISDIR)
+        if e.kind != FILE:
+            raise err(errno.EINVAL)
+        return e
+
+    def fresh_entry(self, p: str) -> Entry | None:
+        """The current entry with its chunk list (branch: asked anew; commit: cached)."""
+        st = self.state
+        if st.immutable:
+            e = st.ns.lookup(p)
+            if e is not None and e.kind == FILE and e.chunklist and not e.chunks:
+                e = st.plane.stat_chunks(st.repo, st.commit_id, p)
+                st.ns.update(p, e)
+            return e
+        try:
+            e = st.plane.stat_chunks(st.repo, st.branch, p)
+        except NotFound:
+            st.ns.update(p, None)
+            return None
+        cached = st.ns.lookup(p)
+        if cached is None or content_sig(cached) != content_sig(e) or cached.mode != e.mode or cached.uid != e.uid:
+            st.ns.update(p, e)
+        return e
+
+    # -- opening -----------------------------------------------------------------------
+    def open(self, p: str, fi: Any) -> None:
+        """Open the current version of ``p`` for reading (a branch mount's file without local state)."""
+        st = self.state
+        e = self.fresh_file(p)
+        sig = content_sig(e)
+        old = st.kernel_sig.get(p)
+        if old is not None and old != sig and st.handles.reading(p, old):
+            # Handles of the old version are open and keep reading it from the page cache
+            # (snapshot isolation): this one reads the new version around the cache.
+            fi.direct_io = 1
+        else:
+            if old != sig:
+                # The kernel may hold the old size and pages: drop them before this open returns.
+                invalidate_path(p)
+            fi.keep_cache = 1 if old == sig else 0
+            st.kernel_sig[p] = sig
+        fi.fh = st.handles.add(RHandle(e, FileReader(self.fetcher, e.chunks, st.cfg.readahead), p))
+        self._prefetch_siblings(p)
+
+    def _prefetch_siblings(self, p: str) -> None:
+        """Files of one directory opened in order: fetch the next ones' chunks in one request."""
+        parent, name = split(p)
+        d = self.state.ns.cached(parent)
+        if d is None:
+            return
+        names, index = d.files()
+        i = index.get(name)
+        if i is None:
+            return
+        sequential = (i - 1) in d.recent or i <= d.prefetched_to
+        d.recent.add(i)
+        if len(d.recent) > 256:
+            d.recent = set(sorted(d.recent)[-64:])
+        if not sequential or d.prefetched_to >= i + SIBLINGS_AHEAD // 2:
+            return  # still half a window ahead: the next request goes out when the reader gets closer
+        start = max(i + 1, d.prefetched_to + 1)
+        chunks: list[tuple[bytes, int]] = []
+        size = 0
+        j = start
+        while j < len(names) and j <= i + SIBLINGS_AHEAD and size < SIBLINGS_BYTES:
+            e = d.children.get(names[j])
+            if e is not None and e.kind == FILE:
+                chunks.extend(e.chunks)
+                size += e.size
+            j += 1
+        d.prefetched_to = j - 1
+        if chunks:
+            self.fetcher.prefetch(chunks)
+
+    def _path_reader(self, p: str) -> FileReader:
+        """Immutable mounts read by path (no open handles): one reader per recently read file."""
+        r = self.readers.get(p)
+        if r is not None:
+            return r
+        e = self.fresh_entry(p)
+        if e is None:
+            raise err(errno.ENOENT)
+        if e.kind != FILE:
+            raise err(errno.EISDIR if e.kind == DIR else errno.EINVAL)
+        with self.readers_lock:
+            r = self.readers.get(p)
+            if r is None:
+                r = self.readers[p] = FileReader(self.fetcher, e.chunks, self.state.cfg.readahead)
+                while len(self.readers) > READERS:
+                    self.readers.popitem(last=False)
+        self._prefetch_siblings(p)
+        return r
+
+    # -- reading -----------------------------------------------------------------------
+    def read(self, p: str | None, size: int, offset: int, fh: int) -> list[tuple[bytes, int, int]]:
+        """``(bytes, lo, hi)`` pieces of ``[offset, offset + size)`` of the file open as ``fh``
+        (or of ``p``, on an immutable mount), not copied."""
+        self.read_bytes += size
+        h = self.state.handles.get(fh)
+        if h is None and self.state.immutable and p is not None:
+            return self._path_reader(p).read_parts(offset, size)
+        if isinstance(h, RHandle):
+            return h.reader.read_parts(offset, size)
+        if isinstance(h, WHandle):
+            wf = h.wf
+            with wf.lock:
+                if wf.fd is not None:
+                    data = wf.read(offset, size)
+                    return [(data, 0, len(data))]
+                base = wf.base
+            assert base is not None
+            if h.reader is None or h.reader_base is not base:
+                h.reader, h.reader_base = self.reader_for(base), base
+            return h.reader.read_parts(offset, size)
+        raise err(errno.EBADF)
+
+    def reader_for(self, e: Entry) -> FileReader:
+        """A reader of a staged or committed version (EIO if its chunk list is not at hand)."""
+        if e.chunklist and not e.chunks:
+            raise err(errno.EIO)
+        return FileReader(self.fetcher, e.chunks, self.state.cfg.readahead)

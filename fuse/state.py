@@ -1,0 +1,117 @@
+"""What the parts of a mount share: its target, its plane and directory tree, and the
+tables of local state that reads, writes, namespace and attribute changes all consult.
+
+The tables (paths are repository paths, '' the root):
+
+- ``files``: files with local state (being written, or staged but still open), by path;
+  while one exists, every read and stat of its path is served from it.
+- ``times``: atime/ctime (and directory mtime) kept by the mount for the session.
+- ``root``: the root directory's attributes (it has no entry).
+- ``kernel_sig``: the version of each file whose pages and size the kernel may cache.
+- ``handles``: the open file handles.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat as S
+import threading
+import time
+from typing import Any
+
+import mfusepy
+
+from fabric.format.model import DEFAULT_DIR_MODE, DIR, Entry
+from fabric.format.paths import check_path
+from fabric.plane.retry import RetryingPlane
+from fuse.config import MountConfig
+from fuse.errors import err
+from fuse.handles import Handles
+from fuse.namespace import Namespace, split
+from fuse.writer import WFile
+
+
+def rel(path: str | None) -> str | None:
+    """FUSE path ('/a/b') -> repository path ('a/b'); the root is ''."""
+    return None if path is None else path.lstrip("/")
+
+
+class MountState:
+    """The shared view of one mount (see the module docstring for its tables)."""
+
+    def __init__(self, plane: RetryingPlane, config: MountConfig, *, branch: bool, commit_id: str, commit_time: float) -> None:
+        self.plane = plane
+        self.cfg = config
+        self.repo = config.repo
+        self.branch = config.ref if branch else None
+        self.immutable = not branch
+        self.writable = config.writable and branch
+        self.commit_id = commit_id
+        mtime_ns = int(commit_time * 1e9)
+        self.implicit = Entry(DIR, 0, DEFAULT_DIR_MODE, mtime_ns, uid=config.uid, gid=config.gid)
+        self.mu = threading.RLock()  # namespace changes of a --rw mount
+        self.ns = Namespace(
+            plane,
+            self.repo,
+            config.ref if branch else commit_id,
+            self.implicit,
+            None if self.immutable else config.attr_timeout,
+            self.mu if self.writable else None,
+        )
+        self.root: dict[str, Any] = {"mode": DEFAULT_DIR_MODE, "uid": config.uid, "gid": config.gid, "mtime": mtime_ns, "ctime": mtime_ns, "atime": mtime_ns}
+        self.files: dict[str, WFile] = {}
+        self.times: dict[str, dict[str, int]] = {}  # session-local atime/ctime (and directory mtime) overrides
+        self.kernel_sig: dict[str, tuple] = {}
+        self.handles = Handles()
+
+    def need_rw(self) -> None:
+        if not self.writable:
+            raise err(errno.EROFS)
+
+    def entry(self, p: str) -> Entry | None:
+        """What the mount shows at ``p`` (local unstaged files first), None if nothing."""
+        wf = self.files.get(p)
+        if wf is not None:
+            return wf.stat_entry()
+        return self.ns.lookup(p)
+
+    def stage(self, changes: dict[str, Entry | None]) -> None:
+        """Stage ``changes`` on the branch (one atomic call) and reflect them in the listings."""
+        self.plane.stage(self.repo, self.branch, changes)
+        for p, e in changes.items():
+            self.ns.update(p, e)
+
+    def bump_dir(self, d: str, now: int | None = None) -> None:
+        """An entry of directory ``d`` was created or removed: its mtime and ctime move (for the session)."""
+        now = now or time.time_ns()
+        if d == "":
+            self.root["mtime"] = self.root["ctime"] = now
+        else:
+            t = self.times.setdefault(d, {})
+            t["mtime"] = t["ctime"] = now
+
+    def check_new(self, p: str) -> None:
+        """``p`` may be created: a valid path with nothing there (EEXIST)."""
+        check_path(p)
+        if self.entry(p) is not None:
+            raise err(errno.EEXIST)
+
+    def new_owner(self, p: str, mode: int, is_dir: bool) -> tuple[int, int, int]:
+        """``(uid, gid, mode)`` of a new entry: the caller, with the group (and setgid bit) of a setgid parent."""
+        uid, gid, _ = mfusepy.fuse_get_context()
+        parent, _ = split(p)
+        if parent == "":
+            pmode, pgid = self.root["mode"], self.root["gid"]
+        else:
+            pe = self.entry(parent)
+            if pe is None:
+                raise err(errno.ENOENT)
+            if pe.kind != DIR:
+                raise err(errno.ENOTDIR)
+            pmode = pe.mode
+            pgid = pe.gid if pe.gid is not None else self.cfg.gid
+        if pmode & S.S_ISGID:
+            gid = pgid
+            if is_dir:
+                mode |= S.S_ISGID
+        return uid, gid, mode

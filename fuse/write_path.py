@@ -1,0 +1,244 @@
+"""The write path of a ``--rw`` mount: files with local state, and staging them.
+
+Writes go to local temporary files (:class:`~fuse.writer.WFile`) and are staged
+on the branch, each as one :meth:`~fabric.plane.dataplane.DataPlane.stage` call,
+when the file is closed, fsynced or renamed (or, for a file nobody has open,
+when it is changed). A file's local state lives in ``MountState.files`` until it
+is staged and its last handle is closed.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat as S
+from typing import Any
+
+from fabric.format.model import Entry
+from fabric.plane.dataplane import DataPlane
+from fuse.errors import err
+from fuse.handles import RHandle, WHandle, content_sig
+from fuse.libfuse import invalidate_path
+from fuse.namespace import split
+from fuse.read_path import ReadPath
+from fuse.state import MountState
+from fuse.writer import WFile
+
+
+class WritePath:
+    """Creating, opening, writing and staging files with local state."""
+
+    def __init__(self, state: MountState, reads: ReadPath) -> None:
+        self.state = state
+        self.reads = reads
+        self.write_dir = state.cfg.write_dir
+
+    # -- local state -------------------------------------------------------------------
+    def wfile(self, p: str) -> WFile:
+        """The local state of an existing file ``p``, created on first need."""
+        st = self.state
+        with st.mu:
+            wf = st.files.get(p)
+            if wf is not None:
+                return wf
+        known = st.ns.lookup(p)
+        e = self.reads.fresh_file(p)
+        if known is not None and content_sig(known) != content_sig(e):
+            invalidate_path(p)  # changed elsewhere since the kernel saw it: its size is stale
+        if e.chunklist and not e.chunks:
+            e = st.plane.stat_chunks(st.repo, st.branch, p)
+        with st.mu:
+            wf = st.files.get(p)
+            if wf is None:
+                uid = e.uid if e.uid is not None else st.cfg.uid
+                gid = e.gid if e.gid is not None else st.cfg.gid
+                wf = WFile(p, e, self._write_dir(), e.mode, uid, gid)
+                t = st.times.pop(p, None)
+                if t:
+                    wf.atime_ns = t.get("atime", wf.atime_ns)
+                    wf.ctime_ns = t.get("ctime", wf.ctime_ns)
+                st.files[p] = wf
+            return wf
+
+    def _write_dir(self) -> str:
+        if self.write_dir is None:
+            import tempfile
+
+            self.write_dir = tempfile.mkdtemp(prefix="fabric-mount-")
+        return self.write_dir
+
+    def _materialize(self, wf: WFile) -> None:
+        if wf.fd is None:
+            base = wf.base
+            wf.materialize(self.reads.reader_for(base) if base is not None and base.size else None)
+
+    # -- opening and creating ----------------------------------------------------------
+    def open_for_writing(self, p: str, fi: Any, truncate: bool) -> None:
+        self.state.need_rw()
+        wf = self.wfile(p)
+        with wf.lock:
+            if truncate and (wf.size or wf.fd is None):
+                wf.materialize(None)
+                wf.truncate(0)
+            wf.opens += 1
+        fi.fh = self.state.handles.add(WHandle(wf, True))
+        fi.keep_cache = 0
+
+    def open_for_reading(self, wf: WFile, fi: Any) -> None:
+        """Open a file with local state for reading (read-your-writes)."""
+        with wf.lock:
+            wf.opens += 1
+        fi.fh = self.state.handles.add(WHandle(wf, False))
+        fi.keep_cache = 0
+
+    def create(self, p: str, mode: int, fi: Any) -> None:
+        st = self.state
+        st.need_rw()
+        st.check_new(p)
+        uid, gid, mode = st.new_owner(p, mode & 0o7777, False)
+        with st.mu:
+            wf = WFile(p, None, self._write_dir(), mode, uid, gid)
+            wf.opens += 1
+            st.files[p] = wf
+            st.times.pop(p, None)
+            st.kernel_sig.pop(p, None)
+            st.bump_dir(split(p)[0], wf.mtime_ns)
+        fi.fh = st.handles.add(WHandle(wf, True))
+        fi.keep_cache = 0
+
+    def mknod(self, p: str, mode: int) -> None:
+        st = self.state
+        st.need_rw()
+        if not S.S_ISREG(mode):
+            raise err(errno.EPERM)  # devices, FIFOs and sockets are not stored
+        st.check_new(p)
+        uid, gid, mode = st.new_owner(p, mode & 0o7777, False)
+        wf = WFile(p, None, self._write_dir(), mode, uid, gid)
+        with st.mu:
+            st.files[p] = wf
+        self.sync_and_forget(wf)
+
+    # -- changing content --------------------------------------------------------------
+    def _writable_handle(self, fh: int) -> WHandle:
+        h = self.state.handles.get(fh)
+        if not isinstance(h, WHandle) or not h.writable:
+            raise err(errno.EBADF)
+        return h
+
+    def write(self, fh: int, data: bytes, offset: int) -> int:
+        wf = self._writable_handle(fh).wf
+        with wf.lock:
+            self._materialize(wf)
+            return wf.write(data, offset)
+
+    def truncate(self, p: str | None, length: int, fi: Any = None) -> None:
+        self.state.need_rw()
+        h = self.state.handles.get(fi.fh) if fi is not None else None
+        if isinstance(h, WHandle):
+            wf = h.wf
+        else:
+            p = p if p is not None else h.path if isinstance(h, RHandle) else None
+            if p is None:
+                raise err(errno.ENOENT)
+            wf = self.wfile(p)
+        with wf.lock:
+            if length == 0:
+                wf.materialize(None)
+            else:
+                self._materialize(wf)
+            wf.truncate(length)
+        if wf.opens == 0:
+            self.sync_and_forget(wf)
+
+    def fallocate(self, fh: int, mode: int, offset: int, size: int) -> None:
+        if mode != 0:
+            raise err(errno.EOPNOTSUPP)
+        wf = self._writable_handle(fh).wf
+        with wf.lock:
+            self._materialize(wf)
+            wf.allocate(offset, size)
+
+    # -- staging -----------------------------------------------------------------------
+    def flush(self, fh: int) -> None:
+        if not self.state.writable:
+            raise err(errno.ENOSYS)  # nothing to flush: the kernel stops asking
+        h = self.state.handles.get(fh)
+        if isinstance(h, WHandle) and h.writable:
+            # A close while another thread syncs this very version (an fsync, or a forked child
+            # closing its copy of the descriptor) does not wait for it.
+            self.sync(h.wf, wait_for_running=False)
+
+    def fsync(self, fh: int) -> None:
+        h = self.state.handles.get(fh)
+        if isinstance(h, WHandle):
+            self.sync(h.wf)
+
+    def release(self, fh: int) -> None:
+        h = self.state.handles.pop(fh)
+        if isinstance(h, WHandle):
+            wf = h.wf
+            with wf.lock:
+                wf.opens -= 1
+            try:
+                if h.writable:
+                    self.sync(wf)
+            finally:
+                self.maybe_drop(wf)
+
+    def sync(self, wf: WFile, wait_for_running: bool = True) -> None:
+        """Stage ``wf``'s current content and attributes on the branch (if anything changed)."""
+        st = self.state
+        if not wait_for_running and wf.syncing >= wf.generation:
+            return
+        with wf.lock:
+            if not wf.dirty or wf.unlinked:
+                return
+            gen = wf.syncing = wf.generation
+            content_changed = wf.fd is not None and wf.synced_content < wf.content_generation
+
+            def upload(plane: DataPlane) -> Entry:
+                if not content_changed:
+                    return wf.attrs_entry()
+                sink = plane.chunk_sink()
+                entry = wf.build_entry(sink)
+                sink.close()
+                return entry
+
+            try:
+                entry = st.plane.retried(upload)
+                with st.mu:
+                    if wf.unlinked or wf.path is None:
+                        return
+                    p = wf.path
+                    st.plane.stage(st.repo, st.branch, {p: entry})
+                    wf.base = entry
+                    wf.synced_generation = gen
+                    if content_changed:
+                        wf.synced_content = gen
+                    wf.last_error = None
+                    st.ns.update(p, entry)
+                    st.kernel_sig[p] = content_sig(entry)
+            except Exception as exc:
+                wf.last_error = exc
+                raise
+            finally:
+                wf.syncing = 0
+
+    def sync_and_forget(self, wf: WFile) -> None:
+        """Stage a file no handle has open, then let its local state go (even if staging failed)."""
+        try:
+            self.sync(wf)
+        finally:
+            self.maybe_drop(wf)
+
+    def maybe_drop(self, wf: WFile) -> None:
+        """Forget a file's local state once it is staged and no handle uses it."""
+        st = self.state
+        with wf.lock:
+            if wf.opens > 0 or (wf.dirty and not wf.unlinked):
+                return
+            with st.mu:
+                if wf.path is not None and st.files.get(wf.path) is wf:
+                    del st.files[wf.path]
+                    t = st.times.setdefault(wf.path, {})
+                    t["atime"], t["ctime"] = wf.atime_ns, wf.ctime_ns
+            wf.close()
