@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fabric.engine.engine import Engine
 from fabric.client.transfer import import_directory
+from fabric.engine.engine import Engine
 from tests.fuse_helpers import ls_lines, mounted, needs_fuse
 from tests.hubserver import start_hub
 
