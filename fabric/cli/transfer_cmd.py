@@ -62,12 +62,26 @@ def import_(ctx: Ctx, src: str, target: str, message: str, prefix: str, no_delet
 @pass_ctx
 @handle_errors
 def export(ctx: Ctx, source: str, dest: str, prefix: str) -> None:
-    """Write the files of REPO@REF into directory DEST (modes and mtimes kept)."""
+    """Write the files of REPO@REF into directory DEST (modes and mtimes kept).
+
+    Nothing is written outside DEST and no symlink is followed: a symlink or
+    file in DEST where REPO@REF has a directory is replaced by a directory. A
+    file or symlink that has paths below it in the repository (S3 lets keys
+    `a` and `a/b` coexist) is shadowed by the directory: it is skipped with a
+    warning and listed under "shadowed" in --json output.
+    """
     repo, ref = split_repo_ref(source, None)
     if ref is None:
         ref = ctx.plane.get_repo(repo)["default_branch"]
     result = export_tree(ctx.plane, repo, ref, dest, prefix=prefix, progress=ctx.progress())
-    ctx.emit(result.__dict__, lambda r: f"exported {r['files']} files ({human_size(r['bytes'])}) to {dest}")
+    for path in result.shadowed:
+        click.echo(f"warning: skipped {path}: a directory of the same name shadows it (the tree has paths under {path}/)", err=True)
+
+    def human(r: dict) -> str:
+        line = f"exported {r['files']} files ({human_size(r['bytes'])}) to {dest}"
+        return line + (f"; skipped {len(r['shadowed'])} shadowed" if r["shadowed"] else "")
+
+    ctx.emit(result.__dict__, human)
 
 
 def register(cli: click.Group) -> None:

@@ -1,6 +1,7 @@
 """Clients of a data plane: the REST API as a data plane over HTTP
-(:mod:`.http`), and import and export of local directories over any data plane
-(:mod:`.transfer`).
+(:mod:`.http`), import and export of local directories over any data plane
+(:mod:`.transfer`), and writing into a local directory without ever following
+a link out of it (:mod:`.destdir`).
 
 May import: :mod:`fabric.plane` and the layers below it; never the engine or a
 service.

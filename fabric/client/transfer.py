@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat as stat_mod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from fabric.errors import BadRequest, NotFound
+from fabric.client.destdir import DestDir
+from fabric.errors import BadRequest, Corruption, NotFound
 from fabric.format.ingest import Ingester, file_entry
 from fabric.format.model import DEFAULT_DIR_MODE, DIR, FILE, SYMLINK, Commit, Entry
+from fabric.format.namespace import visible
 from fabric.format.paths import check_path
 from fabric.plane.dataplane import DataPlane
 from fabric.util.progress import Progress
@@ -21,6 +23,8 @@ WORKERS = min(8, (os.cpu_count() or 2) + 1)
 #: files share one question to the store about which chunks it lacks.
 BATCH_BYTES = 8 * 1024 * 1024
 BATCH_FILES = 512
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -97,15 +101,15 @@ def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Itera
                 skipped.append(rel)
 
 
-def _batches(items: list[LocalItem]) -> Iterator[list[LocalItem]]:
-    batch: list[LocalItem] = []
+def _batches(items: list[T], size_of: Callable[[T], int]) -> Iterator[list[T]]:
+    batch: list[T] = []
     size = 0
     for item in items:
-        if batch and (size + item.size > BATCH_BYTES or len(batch) >= BATCH_FILES):
+        if batch and (size + size_of(item) > BATCH_BYTES or len(batch) >= BATCH_FILES):
             yield batch
             batch, size = [], 0
         batch.append(item)
-        size += item.size
+        size += size_of(item)
     if batch:
         yield batch
 
@@ -186,7 +190,7 @@ def import_directory(
         return out
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        for done in pool.map(ingest, _batches(sorted(to_hash, key=lambda i: i.path))):
+        for done in pool.map(ingest, _batches(sorted(to_hash, key=lambda i: i.path), lambda i: i.size)):
             for path, entry in done:
                 old = existing.get(path)
                 if rehash and old is not None and same_file(old, entry):
@@ -227,6 +231,8 @@ class ExportResult:
     bytes: int = 0
     dirs: int = 0
     symlinks: int = 0
+    #: Files and symlinks not written: a directory of the same name shadows them.
+    shadowed: list[str] = field(default_factory=list)
 
 
 def export_tree(
@@ -242,57 +248,62 @@ def export_tree(
     Committed data only: a branch's uncommitted changes are not exported.
     Existing files at the same paths are replaced; other files in ``dest`` are
     left alone. Modes and modification times are restored.
+
+    Nothing is written outside ``dest`` (see :class:`DestDir`): no symlink is
+    followed, whether the commit holds it or ``dest`` already did. A file or
+    symlink in ``dest`` where the commit has a directory is replaced by a
+    directory; a directory in ``dest`` where the commit has a file or symlink is
+    a Conflict (export never deletes a directory; what was written before stays).
+    A file or symlink with paths below it in the tree (S3 lets keys ``a`` and
+    ``a/b`` coexist) is shadowed by the directory (:mod:`fabric.format.namespace`):
+    it is not written, and its path is listed in the result's ``shadowed``.
     """
     progress = progress or Progress()
     prefix = normalize_prefix(prefix)
     commit = plane.resolve_commit(repo, ref)
-    items = list(plane.walk(repo, commit, prefix))
-    if prefix and not items:
+    listed = sorted(plane.walk(repo, commit, prefix), key=lambda it: it[0])
+    if prefix and not listed:
         raise NotFound(f"nothing under {prefix!r} in {repo}@{ref}")
-    dest = os.path.abspath(dest)
-    os.makedirs(dest, exist_ok=True)
     result = ExportResult()
+    items = list(visible(listed, result.shadowed))
+    result.shadowed.sort()
+
+    def local(path: str) -> str:
+        if not path.startswith(prefix):
+            raise Corruption(f"the listing of {prefix!r} in {repo}@{ref} holds {path!r}")
+        return check_path(path[len(prefix) :])
+
+    dirs = {local(p) for p, e in items if e.kind == DIR}
+    by_dir: dict[str, list[tuple[str, Entry]]] = {}
+    for path, entry in items:
+        parts = local(path).split("/")
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        if entry.kind != DIR:
+            by_dir.setdefault("/".join(parts[:-1]), []).append((path, entry))
     progress.start(sum(e.size for _, e in items if e.kind == FILE), "B", "export")
 
-    def local_path(path: str) -> str:
-        return os.path.join(dest, path[len(prefix) :])
+    with DestDir(dest) as out:
+        for rel in sorted(dirs):  # parents first
+            out.make_dir(rel)
 
-    def write(path: str, entry: Entry) -> None:
-        target = local_path(path)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        if entry.kind == DIR:
-            os.makedirs(target, exist_ok=True)
-            return  # mode and time once its contents are written
-        if entry.kind == SYMLINK:
-            if os.path.lexists(target):
-                os.unlink(target)
-            os.symlink(entry.target, target)
-            return
-        else:
-            # Not target + suffix: that exceeds NAME_MAX (255 bytes) for long names.
-            tmp = os.path.join(os.path.dirname(target), f".fabric-tmp-{os.urandom(6).hex()}")
-            try:
-                with open(tmp, "wb") as f:
-                    for piece in plane.open_file(repo, commit, path, entry):
-                        f.write(piece)
-                        progress.advance(len(piece))
-                os.chmod(tmp, entry.mode)
-                os.replace(tmp, target)
-            except BaseException:
-                # A failed read (corruption, network) leaves no partial file behind.
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        os.utime(target, ns=(entry.mtime_ns, entry.mtime_ns))
+        def write(task: tuple[str, list[tuple[str, Entry]]]) -> None:
+            parent, batch = task
+            with out.directory(parent) as dir_fd:
+                for path, entry in batch:
+                    if entry.kind == SYMLINK:
+                        out.write_symlink(dir_fd, local(path), entry.target, entry.mtime_ns)
+                    else:
+                        pieces = _advancing(plane.open_file(repo, commit, path, entry), progress)
+                        out.write_file(dir_fd, local(path), pieces, entry.mode, entry.mtime_ns)
 
-    with ThreadPoolExecutor(WORKERS) as pool:
-        for _ in pool.map(lambda it: write(*it), items):
-            pass
-    # Deepest first: a directory's time is set after its children changed it, and a
-    # read-only mode cannot stop its own children from being written.
-    for path, entry in sorted(((p, e) for p, e in items if e.kind == DIR), key=lambda it: it[0].count("/"), reverse=True):
-        os.chmod(local_path(path), entry.mode)
-        os.utime(local_path(path), ns=(entry.mtime_ns, entry.mtime_ns))
+        tasks = ((parent, batch) for parent, files in by_dir.items() for batch in _batches(files, lambda it: it[1].size))
+        with ThreadPoolExecutor(WORKERS) as pool:
+            for _ in pool.map(write, tasks):
+                pass
+        # Deepest first: a directory's time is set after its children changed it, and a
+        # read-only mode cannot stop its own children from being written.
+        for path, entry in sorted(((p, e) for p, e in items if e.kind == DIR), key=lambda it: it[0].count("/"), reverse=True):
+            out.set_dir_attrs(local(path), entry.mode, entry.mtime_ns)
     progress.close()
     for _, entry in items:
         if entry.kind == FILE:
@@ -303,3 +314,9 @@ def export_tree(
         else:
             result.symlinks += 1
     return result
+
+
+def _advancing(pieces: Iterator[bytes], progress: Progress) -> Iterator[bytes]:
+    for piece in pieces:
+        progress.advance(len(piece))
+        yield piece

@@ -4,8 +4,10 @@ immutable data model (entries, commits, listings) with its encodings.
 Owns: content-defined chunking and chunk ids (:mod:`.chunking`), frames
 (:mod:`.frames`), packs (:mod:`.packs`), entries and commits (:mod:`.model`),
 result types of listings and diffs (:mod:`.listing`), the chunking pipeline
-that turns a stream into an entry (:mod:`.ingest`), and the rules for names
-and paths (:mod:`.paths`). Everything here is pure: no storage, no network.
+that turns a stream into an entry (:mod:`.ingest`), the rules for names
+and paths (:mod:`.paths`), and the namespace rule of file-system views (a
+directory shadows a file of the same name, :mod:`.namespace`). Everything
+here is pure: no storage, no network.
 
 May import: :mod:`fabric.util`, :mod:`fabric.errors`.
 """

@@ -1,0 +1,150 @@
+"""A local directory written into by relative path, never outside it.
+
+The directory is opened once; every directory, file and symlink below it is
+reached and created with ``*at`` calls relative to directory descriptors, each
+component opened with ``O_NOFOLLOW``. So no symlink is ever followed: not one
+the caller writes (its target is data), not one already in the directory.
+
+What is in the way is handled as export promises: a file or symlink where a
+directory is wanted is replaced by a directory (the link is removed, never
+followed); a file or symlink is replaced atomically by its new version; a
+directory where a file or symlink is wanted is a :class:`Conflict` (nothing
+below it is touched).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterable, Iterator
+
+from fabric.errors import Conflict
+from fabric.format.paths import check_path
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: What opening a directory with O_NOFOLLOW | O_DIRECTORY fails with on a symlink or a file.
+_NOT_A_DIR = (errno.ELOOP, errno.ENOTDIR)
+
+
+class DestDir:
+    """The directory ``root`` (created if missing; ``root`` itself may be a link)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        os.makedirs(self.root, exist_ok=True)
+        self._fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> DestDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def make_dir(self, rel: str) -> None:
+        """Create directory ``rel`` and its parents; a file or symlink in the way becomes a directory."""
+        with self.directory(rel, create=True):
+            pass
+
+    @contextlib.contextmanager
+    def directory(self, rel: str, create: bool = False) -> Iterator[int]:
+        """A descriptor of directory ``rel`` ('' for the root), valid inside the ``with``.
+
+        Raises Conflict if a component is not a directory (with ``create`` such a
+        component is replaced by one) and FileNotFoundError if one is missing
+        (with ``create`` it is made)."""
+        parts = check_path(rel).split("/") if rel else []
+        fd = os.dup(self._fd)
+        try:
+            for i, name in enumerate(parts):
+                child = self._open_dir(fd, name, "/".join(parts[: i + 1]), create)
+                os.close(fd)
+                fd = child
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _open_dir(self, parent: int, name: str, rel: str, create: bool) -> int:
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=parent)
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno not in _NOT_A_DIR:
+                raise
+            if not create:
+                raise Conflict(f"{self._show(rel)} is no longer a directory (changed during the export)") from None
+        os.unlink(name, dir_fd=parent)  # a file or a symlink: removed, never followed
+        os.mkdir(name, 0o755, dir_fd=parent)
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+
+    def write_file(self, dir_fd: int, rel: str, pieces: Iterable[bytes], mode: int, mtime_ns: int) -> None:
+        """Write ``pieces`` to a temporary file and rename it over ``rel``, whose directory is ``dir_fd``.
+
+        A failure (of the write or of ``pieces``) leaves no temporary file behind."""
+        name = _base_name(rel)
+        tmp = _tmp_name()
+        fd = os.open(tmp, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
+        try:
+            try:
+                with open(fd, "wb", closefd=False) as f:
+                    for piece in pieces:
+                        f.write(piece)
+                os.chmod(fd, mode)
+                os.utime(fd, ns=(mtime_ns, mtime_ns))  # after the last write, so it stays
+            finally:
+                os.close(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        self._replace(dir_fd, tmp, name, rel)
+
+    def write_symlink(self, dir_fd: int, rel: str, target: str, mtime_ns: int) -> None:
+        """Make ``rel``, whose directory is ``dir_fd``, a symlink to ``target`` (text only: never resolved)."""
+        name = _base_name(rel)
+        tmp = _tmp_name()
+        os.symlink(target, tmp, dir_fd=dir_fd)
+        try:
+            os.utime(tmp, ns=(mtime_ns, mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        self._replace(dir_fd, tmp, name, rel)
+
+    def set_dir_attrs(self, rel: str, mode: int, mtime_ns: int) -> None:
+        """Set the mode and modification time of directory ``rel``."""
+        with self.directory(rel) as fd:
+            os.chmod(fd, mode)
+            os.utime(fd, ns=(mtime_ns, mtime_ns))
+
+    def _replace(self, dir_fd: int, tmp: str, name: str, rel: str) -> None:
+        try:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                raise Conflict(
+                    f"{self._show(rel)} is a directory; the export has a file or symlink there "
+                    "(move the directory away: export never deletes one)"
+                ) from None
+            raise
+
+    def _show(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+
+def _base_name(rel: str) -> str:
+    return check_path(rel).rsplit("/", 1)[-1]
+
+
+def _tmp_name() -> str:
+    # Not name + suffix: that exceeds NAME_MAX (255 bytes) for long names.
+    return f".fabric-tmp-{os.urandom(6).hex()}"
