@@ -7,6 +7,12 @@ they happen. A ``{"type": "heartbeat", "seq": N}`` line every few seconds
 tells a subscriber the stream is alive. Resume after a disconnect by passing
 the last ``seq`` seen. Events come from the catalog, so every hub replica on
 one PostgreSQL serves the same stream.
+
+The catalog keeps a bounded history of events (see :mod:`fabric.catalog.catalog`).
+A subscriber that resumes from a ``seq`` older than what is kept, or falls that
+far behind, gets one ``{"type": "resync", "seq": N}`` line and the stream ends:
+it has missed events, so it must reload every ref it follows, then watch again
+from ``N``.
 """
 
 
@@ -53,6 +59,10 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> AP
             last_sent = time.monotonic()
             while True:
                 events = await anyio.to_thread.run_sync(functools.partial(catalog.events_after, seq, repo))
+                if events and events[0][0] > seq + 1 and await _missed(catalog, seq):
+                    # A gap: events after ``seq`` may have been pruned (sequences have gaps of their own).
+                    yield _line({"type": "resync", "seq": await anyio.to_thread.run_sync(catalog.last_event_seq)})
+                    return
                 for s, r, kind, name, old, new, when in events:
                     seq = s
                     if who.can(r, "read"):
@@ -69,6 +79,11 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> AP
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     return router
+
+
+async def _missed(catalog: Catalog, seq: int) -> bool:
+    """Were events after ``seq`` pruned before this subscriber saw them?"""
+    return seq < await anyio.to_thread.run_sync(catalog.events_pruned_through)
 
 
 def _line(obj: dict) -> bytes:

@@ -80,7 +80,9 @@ class RefTracker:
                             return
                         self._heard()
                         backoff = 0.2
-                        if event.get("type") != "heartbeat":
+                        if event.get("type") == "resync":
+                            self._resync()
+                        elif event.get("type") != "heartbeat":
                             self._apply(event)
                         self.seq = event["seq"]
             except FabricError as exc:
@@ -122,6 +124,19 @@ class RefTracker:
                     # commit nor starts from it came before the listing, which already holds it.
                     return
                 self._set((repo, kind, name), _Ref(new, now, now) if new is not None else None)
+
+    def _resync(self) -> None:
+        """The hub pruned events this spoke had not seen: forget what the stream vouched
+        for, so each ref is fetched again (or served within its lease) before it is trusted."""
+        log.info("watch stream: missed pruned events, reloading refs")
+        with self._lock:
+            for key, ref in self._refs.items():
+                self._refs[key] = _Ref(ref.commit, float("-inf"))
+                if key[1] == "branch":
+                    self._generation[key[0], key[2]] = self._generation.get((key[0], key[2]), 0) + 1
+            self._listed.clear()
+            self._staging_seq.clear()
+            self._origin = None
 
     def live(self) -> bool:
         """Is the watch stream delivering (so cached refs are current)?"""

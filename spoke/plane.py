@@ -280,14 +280,14 @@ class SpokePlane(DataPlane):
         self._moved(repo, branch, c.id)
         return c
 
-    def diff(self, repo: str, left: str, right: str, prefix: str = "") -> Iterator[Change]:
+    def diff(self, repo: str, left: str, right: str, prefix: str = "", after: str = "") -> Iterator[Change]:
         check_prefix(prefix)
         ltree, rtree = self.view(repo, left)[0].tree, self.view(repo, right)[0].tree
-        for path, a, b in self.trees.diff(ltree, rtree, prefix):
+        for path, a, b in self.trees.diff(ltree, rtree, prefix, after):
             yield Change(path, change_kind(a, b), a, b)
 
-    def uncommitted(self, repo: str, branch: str, prefix: str = "") -> Iterator[Change]:
-        return self.upstream.uncommitted(repo, branch, prefix)
+    def uncommitted(self, repo: str, branch: str, prefix: str = "", after: str = "") -> Iterator[Change]:
+        return self.upstream.uncommitted(repo, branch, prefix, after)
 
     def merge(
         self, repo: str, source: str, dest: str, strategy: str | None = None, message: str | None = None, author: str | None = None

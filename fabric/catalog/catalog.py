@@ -3,6 +3,12 @@
 Refs change only by compare-and-swap. Staging rows carry the branch's
 ``staging_seq`` at the time they were written, so a commit folds exactly the
 rows it read and leaves later writes staged (see :meth:`Catalog.fold_staging`).
+
+Ref events (the watch stream's history) are pruned as they are written: the
+last :data:`EVENT_KEEP` are always kept, older ones while they are younger
+than :data:`EVENT_RETENTION` seconds, and never more than :data:`EVENT_MAX`.
+The highest pruned seq is recorded (:meth:`Catalog.events_pruned_through`), so
+a subscriber resuming from before it can be told to resync.
 """
 
 from __future__ import annotations
@@ -19,6 +25,18 @@ BRANCH = "branch"
 TAG = "tag"
 #: Event kind of a change to a branch's staging area (``new`` is the staging seq).
 STAGING = "staging"
+
+#: Ref events always kept, however old.
+EVENT_KEEP = 10_000
+#: Seconds an event beyond the last EVENT_KEEP is kept.
+EVENT_RETENTION = 3600.0
+#: Ref events kept at most, however young.
+EVENT_MAX = 1_000_000
+#: Events are pruned once every this many events.
+PRUNE_EVERY = 256
+_PRUNED_THROUGH = "ref_events_pruned_through"
+#: Staging rows read per query while iterating a staging area.
+STAGED_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -40,8 +58,22 @@ class ChunkLocation:
 
 
 class Catalog:
-    def __init__(self, db: Database) -> None:
+    """``event_keep``, ``event_retention``, ``event_max``: how much of the ref
+    event history is kept (see the module's docstring)."""
+
+    def __init__(
+        self,
+        db: Database,
+        event_keep: int = EVENT_KEEP,
+        event_retention: float = EVENT_RETENTION,
+        event_max: int = EVENT_MAX,
+    ) -> None:
+        if not 1 <= event_keep <= event_max:
+            raise ValueError(f"ref events: keep ({event_keep}) must be at least 1 and at most the maximum ({event_max})")
         self.db = db
+        self.event_keep = event_keep
+        self.event_retention = event_retention
+        self.event_max = event_max
         db.ddl(SCHEMA)
         with db.tx() as cur:
             cur.execute(
@@ -209,11 +241,13 @@ class Catalog:
         end: str | None = None,
         max_seq: int | None = None,
         min_seq: int = 0,
+        after: str = "",
     ) -> Iterator[tuple[str, bytes | None]]:
-        """Staged ``(path, entry bytes or None)`` in path order, ``start <= path < end``,
-        written at a staging seq in ``(min_seq, max_seq]``."""
-        sql = "SELECT path, entry FROM staging WHERE repo = ? AND branch = ? AND path >= ?"
-        params: list = [repo, branch, start]
+        """Staged ``(path, entry bytes or None)`` in path order, ``start <= path < end``
+        and ``path > after``, written at a staging seq in ``(min_seq, max_seq]``."""
+        # Read in keyset batches: a caller that stops early (a page) reads little.
+        sql = "SELECT path, entry FROM staging WHERE repo = ? AND branch = ? AND path {op} ?"
+        params: list = []
         if end is not None:
             sql += " AND path < ?"
             params.append(end)
@@ -223,8 +257,15 @@ class Catalog:
         if min_seq:
             sql += " AND seq > ?"
             params.append(min_seq)
-        for path, entry in self.db.query(sql + " ORDER BY path", params):
-            yield path, bytes(entry) if entry is not None else None
+        sql += f" ORDER BY path LIMIT {STAGED_BATCH}"
+        op, key = (">", after) if after and after >= start else (">=", start)
+        while True:
+            rows = self.db.query(sql.format(op=op), [repo, branch, key, *params])
+            for path, entry in rows:
+                yield path, bytes(entry) if entry is not None else None
+            if len(rows) < STAGED_BATCH:
+                return
+            op, key = ">", rows[-1][0]
 
     def staged_entry(self, repo: str, branch: str, path: str) -> tuple[bool, bytes | None]:
         """``(found, entry)``: found with ``None`` means a staged delete."""
@@ -350,10 +391,38 @@ class Catalog:
 
     # -- ref events (the watch stream) ---------------------------------------
     def _event(self, cur, repo: str, kind: str, name: str, old: str | None, new: str | None) -> None:
+        now = time.time()
         cur.execute(
-            "INSERT INTO ref_events (repo, kind, name, old_commit, new_commit, time) VALUES (?, ?, ?, ?, ?, ?)",
-            (repo, kind, name, old, new, time.time()),
+            "INSERT INTO ref_events (repo, kind, name, old_commit, new_commit, time) VALUES (?, ?, ?, ?, ?, ?) RETURNING seq",
+            (repo, kind, name, old, new, now),
         )
+        (seq,) = cur.fetchone()
+        if seq % PRUNE_EVERY == 0:
+            self._prune_events(cur, seq, now)
+
+    def _prune_events(self, cur, last: int, now: float) -> None:
+        """Delete events older than the retention beyond the last ``event_keep``, and
+        any beyond the last ``event_max``; record the highest seq deleted."""
+        cur.execute(
+            "SELECT MAX(seq) FROM ref_events WHERE time < ? AND seq <= ?",
+            (now - self.event_retention, last - self.event_keep),
+        )
+        horizon = max(cur.fetchone()[0] or 0, last - self.event_max)
+        cur.execute("SELECT value FROM settings WHERE key = ?", (_PRUNED_THROUGH,))
+        row = cur.fetchone()
+        if horizon <= (int(row[0]) if row else 0):
+            return
+        cur.execute("DELETE FROM ref_events WHERE seq <= ?", (horizon,))
+        cur.execute(
+            "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (_PRUNED_THROUGH, str(horizon)),
+        )
+
+    def events_pruned_through(self) -> int:
+        """The highest event seq pruned (0: none): a subscriber whose last seen seq is
+        below it has missed events and must reload the refs it follows."""
+        value = self.setting(_PRUNED_THROUGH)
+        return int(value) if value is not None else 0
 
     def last_event_seq(self) -> int:
         return int(self.db.query("SELECT COALESCE(MAX(seq), 0) FROM ref_events")[0][0])

@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS ref_events (
     new_commit TEXT,
     time {real} NOT NULL
 );
+CREATE INDEX IF NOT EXISTS ref_events_by_time ON ref_events (time);
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY,
     secret_hash TEXT NOT NULL,

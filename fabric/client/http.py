@@ -196,8 +196,8 @@ class HttpPlane(DataPlane):
         )
         return commit_from_json(response)
 
-    def _changes(self, path: str, params: dict[str, Any]) -> Iterator[Change]:
-        after = None
+    def _changes(self, path: str, params: dict[str, Any], after: str) -> Iterator[Change]:
+        """Changes page by page, each page asked for after the last path of the one before."""
         while True:
             page = self._json("GET", path, params={**params, **({"after": after} if after else {})})
             for c in page["changes"]:
@@ -206,11 +206,11 @@ class HttpPlane(DataPlane):
             if after is None:
                 return
 
-    def diff(self, repo: str, left: str, right: str, prefix: str = "") -> Iterator[Change]:
-        return self._changes(f"/repos/{repo}/refs/{left}/diff/{right}", {"prefix": prefix})
+    def diff(self, repo: str, left: str, right: str, prefix: str = "", after: str = "") -> Iterator[Change]:
+        return self._changes(f"/repos/{repo}/refs/{left}/diff/{right}", {"prefix": prefix}, after)
 
-    def uncommitted(self, repo: str, branch: str, prefix: str = "") -> Iterator[Change]:
-        return self._changes(f"/repos/{repo}/branches/{branch}/changes", {"prefix": prefix})
+    def uncommitted(self, repo: str, branch: str, prefix: str = "", after: str = "") -> Iterator[Change]:
+        return self._changes(f"/repos/{repo}/branches/{branch}/changes", {"prefix": prefix}, after)
 
     def merge(
         self, repo: str, source: str, dest: str, strategy: str | None = None, message: str | None = None, author: str | None = None

@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 from fabric.catalog import Catalog, Database
 from fabric.catalog.catalog import BRANCH, TAG
+from fabric.catalog.pool import DEFAULT_SIZE as DEFAULT_POOL_SIZE
 from fabric.engine import maintenance
 from fabric.engine.chunkstore import ChunkStore
 from fabric.engine.metastore import CHUNKLIST, COMMIT, METARANGE, MetaStore
@@ -32,6 +33,7 @@ from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix, check_re
 from fabric.plane.dataplane import DataPlane
 from fabric.store import ObjectStore, open_store
 from fabric.util.progress import Progress
+from fabric.util.sqlite import Durability
 
 DEFAULT_BRANCH = "main"
 #: The pack store of a data directory unless told otherwise: ``DIR/store``.
@@ -74,15 +76,25 @@ class Engine(DataPlane):
 
     @classmethod
     def open(
-        cls, data_dir: str, db_url: str | None = None, store_url: str | None = None, gc_grace: float | None = None
+        cls,
+        data_dir: str,
+        db_url: str | None = None,
+        store_url: str | None = None,
+        gc_grace: float | None = None,
+        catalog_sync: Durability = "full",
+        catalog_pool: int = DEFAULT_POOL_SIZE,
     ) -> Engine:
         """Open (creating if needed) the hub data directory ``data_dir``.
 
         Defaults: SQLite at ``DIR/catalog.db``, packs under ``DIR/store``. A store
         URL given once is remembered in the catalog and used on later opens.
+        ``catalog_sync`` is a SQLite catalog's durability (``full``, or ``normal``:
+        faster, the last commits may be lost on power loss); ``catalog_pool`` bounds
+        the catalog's open connections.
         """
         os.makedirs(data_dir, exist_ok=True)
-        catalog = Catalog(Database(db_url or os.path.join(data_dir, "catalog.db")))
+        db = Database(db_url or os.path.join(data_dir, "catalog.db"), pool_size=catalog_pool, sync=catalog_sync)
+        catalog = Catalog(db)
         recorded = catalog.setting("store_url")
         url = store_url or recorded or DEFAULT_STORE
         if recorded is None:
@@ -306,19 +318,22 @@ class Engine(DataPlane):
         return self.reader.log(self.resolve(repo, ref).commit_id, path, limit, after)
 
     # -- diff / merge / revert -----------------------------------------------
-    def diff(self, repo: str, left: str, right: str, prefix: str = "") -> Iterator[Change]:
+    def diff(self, repo: str, left: str, right: str, prefix: str = "", after: str = "") -> Iterator[Change]:
+        """See :meth:`DataPlane.diff`; ``after`` resumes after that path, reading only
+        what lies beyond it (a page of a long diff costs about one page of work)."""
         check_prefix(prefix)
         ltree = self.resolve(repo, left).tree
         rtree = self.resolve(repo, right).tree
-        for path, a, b in self.trees.diff(ltree, rtree, prefix):
+        for path, a, b in self.trees.diff(ltree, rtree, prefix, after):
             yield Change(path, change_kind(a, b), a, b)
 
-    def uncommitted(self, repo: str, branch: str, prefix: str = "") -> Iterator[Change]:
+    def uncommitted(self, repo: str, branch: str, prefix: str = "", after: str = "") -> Iterator[Change]:
+        """See :meth:`DataPlane.uncommitted`; ``after`` resumes after that path."""
         check_prefix(prefix)
         view = self.resolve(repo, branch)
         if view.branch is None:
             raise BadRequest(f"{branch!r} is not a branch of {repo!r}; only branches have uncommitted changes")
-        for path, enc in self.catalog.staged(repo, branch, prefix, prefix_end(prefix)):
+        for path, enc in self.catalog.staged(repo, branch, prefix, prefix_end(prefix), after=after):
             new = Entry.decode(enc) if enc is not None else None
             old = self.trees.get(view.tree, path)
             if new is None and old is None:

@@ -154,36 +154,56 @@ class Trees:
             yield path, Entry.decode(enc)
 
     # -- diff ----------------------------------------------------------------
-    def diff(self, left: str, right: str, prefix: str = "") -> Iterator[tuple[str, Entry | None, Entry | None]]:
-        """Paths whose entries differ, in path order: ``(path, left entry, right entry)``.
+    def diff(
+        self, left: str, right: str, prefix: str = "", after: str = ""
+    ) -> Iterator[tuple[str, Entry | None, Entry | None]]:
+        """Paths whose entries differ, in path order: ``(path, left entry, right entry)``,
+        under ``prefix`` and, if ``after`` is given, only paths after it.
 
         Ranges present in both trees hold identical entries (boundaries are
         content-defined, so a path lives in exactly one range of each tree)
-        and are skipped without being read.
+        and are skipped without being read. The others are read lazily, in
+        order, from the one holding ``after``: a caller that pages through a
+        large diff (stopping after each page, resuming at its last path) reads
+        each range about once in all.
         """
         if left == right:
             return
         lrefs, rrefs = self.ranges(left), self.ranges(right)
         shared = {r.id for r in lrefs} & {r.id for r in rrefs}
-        litems = self._items_of([r for r in lrefs if r.id not in shared], prefix)
-        ritems = self._items_of([r for r in rrefs if r.id not in shared], prefix)
-        for path in sorted(litems.keys() | ritems.keys()):
-            a, b = litems.get(path), ritems.get(path)
-            if a != b:
-                yield path, Entry.decode(a) if a else None, Entry.decode(b) if b else None
+        lo = max(prefix, after + "\0") if after else prefix  # the least path after ``after``
+        litems = self._items_from([r for r in lrefs if r.id not in shared], lo, prefix)
+        ritems = self._items_from([r for r in rrefs if r.id not in shared], lo, prefix)
+        a, b = next(litems, None), next(ritems, None)
+        while a is not None or b is not None:
+            if b is None or (a is not None and a[0] < b[0]):
+                yield a[0], Entry.decode(a[1]), None  # type: ignore[index]
+                a = next(litems, None)
+            elif a is None or b[0] < a[0]:
+                yield b[0], None, Entry.decode(b[1])
+                b = next(ritems, None)
+            else:
+                if a[1] != b[1]:
+                    yield a[0], Entry.decode(a[1]), Entry.decode(b[1])
+                a, b = next(litems, None), next(ritems, None)
 
-    def _items_of(self, refs: list[RangeRef], prefix: str) -> dict[str, bytes]:
-        out: dict[str, bytes] = {}
-        self.meta.prefetch(RANGE, [r.id for r in refs])
-        for ref in refs:
-            if prefix and ref.last < prefix:
-                continue
+    def _items_from(self, refs: list[RangeRef], lo: str, prefix: str) -> Iterator[tuple[str, bytes]]:
+        """``(path, encoded entry)`` of sorted, disjoint ranges ``refs`` with ``path >= lo``
+        under ``prefix``, opening each range only when the iteration reaches it."""
+        start = bisect.bisect_left([r.last for r in refs], lo)
+        for k in range(start, len(refs)):
+            ref = refs[k]
             if prefix and ref.first > prefix and not ref.first.startswith(prefix):
-                continue
-            for path, enc in self.range_items(ref.id):
-                if path.startswith(prefix):
-                    out[path] = enc
-        return out
+                return  # this range and all later ones sort after every path under prefix
+            if (k - start) % PREFETCH_RANGES == 0:
+                self.meta.prefetch(RANGE, [r.id for r in refs[k : k + PREFETCH_RANGES]])
+            items = self.range_items(ref.id)
+            for path, enc in items[bisect.bisect_left(items, lo, key=_path_of) :]:
+                if prefix and not path.startswith(prefix):
+                    if path > prefix:
+                        return
+                    continue
+                yield path, enc
 
     def walk_ids(self, tree_id: str) -> Iterator[tuple[str, str]]:
         """Every metadata object of a tree: ``("metarange"|"range", id)``."""

@@ -78,9 +78,10 @@ class History(abc.ABC):
         idempotent (see the module notes)."""
 
     @abc.abstractmethod
-    def diff(self, repo: str, left: str, right: str, prefix: str = "") -> Iterator[Change]:
+    def diff(self, repo: str, left: str, right: str, prefix: str = "", after: str = "") -> Iterator[Change]:
         """What changed from ref ``left`` to ref ``right`` under ``prefix``, one
-        :class:`Change` per path, in path order.
+        :class:`Change` per path, in path order; with ``after``, only the paths
+        after it (a page resumes there, without the work of the pages before).
 
         Compares committed trees: a branch's uncommitted changes are left out (see
         :meth:`uncommitted`). Remote planes return changes without their entries
@@ -89,8 +90,9 @@ class History(abc.ABC):
         only when it is first advanced. Read-only, safe to retry."""
 
     @abc.abstractmethod
-    def uncommitted(self, repo: str, branch: str, prefix: str = "") -> Iterator[Change]:
-        """A branch's staged changes under ``prefix`` against its head, in path order.
+    def uncommitted(self, repo: str, branch: str, prefix: str = "", after: str = "") -> Iterator[Change]:
+        """A branch's staged changes under ``prefix`` against its head, in path order;
+        with ``after``, only the paths after it.
 
         Staged deletes of paths that do not exist are left out. Remote planes return
         changes without their entries. Raises NotFound if the repository or branch

@@ -100,11 +100,14 @@ def _change(c: Change) -> ChangeInfo:
     return ChangeInfo(**c.describe())
 
 
-def _page(items: Iterator[Any], after: str | None, limit: int, key: Callable[[Any], str]) -> tuple[list[Any], str | None]:
+def _page(items: Iterator[Any], limit: int, key: Callable[[Any], str]) -> tuple[list[Any], str | None]:
+    """The first ``limit`` items and, if there are more, the key to resume after.
+
+    ``items`` already starts after the previous page (the plane is given
+    ``after``), so a page costs one page of work, not all the pages before it.
+    """
     out: list[Any] = []
     for item in items:
-        if after and key(item) <= after:
-            continue
         if len(out) == limit:
             return out, key(out[-1])
         out.append(item)
@@ -246,7 +249,7 @@ def add_ref_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authenti
         limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     ) -> ChangePage:
         who.require(repo, "read")
-        page, nxt = _page(plane().diff(repo, left, right, prefix), after, limit, lambda c: c.path)
+        page, nxt = _page(plane().diff(repo, left, right, prefix, after=after or ""), limit, lambda c: c.path)
         return ChangePage(changes=[_change(c) for c in page], next_after=nxt)
 
     @router.get("/repos/{repo}/branches/{branch}/changes", response_model=ChangePage, tags=["branches"])
@@ -259,7 +262,7 @@ def add_ref_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authenti
         limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     ) -> ChangePage:
         who.require(repo, "read")
-        page, nxt = _page(plane().uncommitted(repo, branch, prefix), after, limit, lambda c: c.path)
+        page, nxt = _page(plane().uncommitted(repo, branch, prefix, after=after or ""), limit, lambda c: c.path)
         return ChangePage(changes=[_change(c) for c in page], next_after=nxt)
 
     @router.delete("/repos/{repo}/branches/{branch}/changes", status_code=204, tags=["branches"])
