@@ -80,8 +80,10 @@ from dataclasses import dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-# bench_s3 also puts the repository root on sys.path, for the fabric import below.
 from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_json, stop_process, unmount
+
+# testbed/ (and bench_s3's fabric imports) from the revision measured: the working tree, or run_all.sh --rev's snapshot.
+sys.path.insert(0, FABRIC_SRC)
 from bench_s3 import start_hub, start_spoke
 
 from testbed.wanproxy import WanProxy

@@ -32,9 +32,12 @@ import time
 from urllib.parse import urlsplit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
-from bench._common import machine, save_json, stop_process
+from _common import FABRIC_SRC, fabric_env, machine, save_json, stop_process
+
+# fabric (and tests/, testbed/) from the revision measured: the working tree, or run_all.sh --rev's snapshot.
+sys.path.insert(0, FABRIC_SRC)
 from fabric.api.s3.sigv4 import presign_url
 
 KiB, MiB = 1024, 1024 * 1024
@@ -129,12 +132,6 @@ def _wait(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None,
     raise SystemExit(f"{url} did not answer within {timeout:.0f}s")
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.dirname(HERE) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
 def start_hub(work: str, python: str) -> tuple[subprocess.Popen, str, str, str]:
     from fabric.util.net import free_port
 
@@ -143,7 +140,7 @@ def start_hub(work: str, python: str) -> tuple[subprocess.Popen, str, str, str]:
     proc = subprocess.Popen(
         [python, "-m", "fabric.cli.main", "hub", "--data", os.path.join(work, "hub"), "--listen", f"127.0.0.1:{port}",
          "--s3-listen", f"127.0.0.1:{s3port}", "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT, env=_env(),
+        stdout=log, stderr=subprocess.STDOUT, env=fabric_env(), cwd=FABRIC_SRC,
     )
     url, s3 = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{s3port}"
     _wait(url + "/healthz", proc=proc, log=log.name)
@@ -156,7 +153,8 @@ def start_spoke(work: str, python: str, hub_url: str, token: str) -> tuple[subpr
     """A spoke in front of the hub, per DESIGN.md section 6; None when this build has no spoke."""
     from fabric.util.net import free_port
 
-    probe = subprocess.run([python, "-m", "fabric.cli.main", "spoke", "--help"], capture_output=True, env=_env(), check=False)
+    probe = subprocess.run([python, "-m", "fabric.cli.main", "spoke", "--help"], capture_output=True, env=fabric_env(), cwd=FABRIC_SRC,
+                           check=False)
     if probe.returncode != 0 or b"--s3-listen" not in probe.stdout:
         return None
     port, s3port = free_port(), free_port()
@@ -164,7 +162,7 @@ def start_spoke(work: str, python: str, hub_url: str, token: str) -> tuple[subpr
     proc = subprocess.Popen(
         [python, "-m", "fabric.cli.main", "spoke", "--hub", hub_url, "--cache", os.path.join(work, "spoke"),
          "--cache-size", "4GiB", "--listen", f"127.0.0.1:{port}", "--s3-listen", f"127.0.0.1:{s3port}", "--token", token],
-        stdout=log, stderr=subprocess.STDOUT, env=_env(),
+        stdout=log, stderr=subprocess.STDOUT, env=fabric_env(), cwd=FABRIC_SRC,
     )
     url, s3 = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{s3port}"
     _wait(url + "/healthz", proc=proc, log=log.name)
@@ -200,7 +198,7 @@ def main() -> None:
     rnd = __import__("random").Random(7)
     small = {f"small/{i:04d}.bin": rnd.randbytes(100 * KiB) for i in range(n_small)}
     large = {f"large/{i:02d}.bin": rnd.randbytes(16 * MiB) for i in range(n_large)}
-    has_httptools = subprocess.run([args.python, "-c", "import httptools"], env=_env(), capture_output=True, check=False)
+    has_httptools = subprocess.run([args.python, "-c", "import httptools"], env=fabric_env(), capture_output=True, check=False)
     results: dict = {"http_parser": "httptools" if has_httptools.returncode == 0 else "h11", "machine": machine(), "concurrency": concurrency, "duration": duration, "rounds": rounds,
                      "objects": {"small": [n_small, 100 * KiB], "large": [n_large, 16 * MiB]},
                      "command": " ".join([os.path.relpath(sys.argv[0], os.path.dirname(HERE)), *sys.argv[1:]]), "runs": {}}

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Run every benchmark of bench/ and print the figures (markdown) on stdout.
+# Run the benchmarks of bench/ and print the figures (markdown) on stdout.
 #
 #   bash bench/run_all.sh                 # full size: 1.25 GiB v1/v2, 100,000-file tree, 3 rounds + 1 warm-up
 #   bash bench/run_all.sh --quick         # 1/10 data set, 5,000-file tree, 1 round, no warm-up (smoke test)
 #   bash bench/run_all.sh --runs 5        # more counted rounds
-#   bash bench/run_all.sh --only ingest   # or: --only commit|remote|spoke|checkpoint
+#   bash bench/run_all.sh --only ingest   # or: --only commit|remote|spoke|checkpoint|s3|fuse
+#                                         # (s3 and fuse, the longest, run only when named)
 #   bash bench/run_all.sh --rev HEAD      # measure a committed revision: `git archive` of it into
 #                                         # bench/work/src/<rev>/, immune to edits of the working tree
 #   bash bench/run_all.sh --priority      # on a shared machine: run in a new session whose scheduler
@@ -36,10 +37,15 @@ while [ $# -gt 0 ]; do
     --quick) quick=1 ;;
     --runs) runs="$2"; shift ;;
     --warmup) warmup="$2"; shift ;;
-    --only) only="$2"; shift ;;
+    --only)
+      only="$2"; shift
+      case "$only" in
+        ingest|commit|remote|spoke|checkpoint|s3|fuse) ;;
+        *) echo "run_all.sh: --only takes ingest, commit, remote, spoke, checkpoint, s3 or fuse (not '$only')" >&2; exit 2 ;;
+      esac ;;
     --rev) rev="$2"; shift ;;
     --priority) priority=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "run_all.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -141,6 +147,25 @@ if [ -z "$only" ] || [ "$only" = checkpoint ]; then
       --json-out "$out/checkpoint.json" --md-out "$out/checkpoint.md" >/dev/null
     { echo "## Checkpoint writes through a spoke mount over a WAN (vs rclone mount and local disk)"; echo; cat "$out/checkpoint.md"; echo; } | tee -a "$out/report.md"
   fi
+fi
+
+# --only s3: S3 GET throughput of the hub and a warm spoke vs moto (bench_s3.py)
+if [ "$only" = s3 ]; then
+  "$PYTHON" "$here/bench_s3.py" --work "$work/stores" --python "$PYTHON" --rounds "$runs" "${vargs[@]}" \
+    --json-out "$out/s3.json" --md-out "$out/s3.md" >/dev/null
+  { echo "## S3 GET throughput (hub and spoke vs moto)"; echo; cat "$out/s3.md"; echo; } | tee -a "$out/report.md"
+fi
+
+# --only fuse: reads through a fabric mount vs an rclone mount vs the local directory (bench_fuse.py)
+if [ "$only" = fuse ]; then
+  if ! command -v rclone >/dev/null || ! command -v fusermount3 >/dev/null || [ ! -e /dev/fuse ]; then
+    echo "run_all.sh: the fuse benchmark needs rclone, fusermount3 and /dev/fuse" >&2
+    exit 2
+  fi
+  if [ "$quick" = 1 ]; then fargs=(--large-files 1 --small-files 400); else fargs=(); fi
+  "$PYTHON" "$here/bench_fuse.py" --work "$work" --runs "$runs" --seed "$SEED" --python "$PYTHON" "${fargs[@]}" \
+    --json-out "$out/fuse.json" --md-out "$out/fuse.md" >/dev/null
+  { echo "## Reads through a mount (fabric vs rclone mount vs local directory)"; echo; cat "$out/fuse.md"; echo; } | tee -a "$out/report.md"
 fi
 
 echo "figures: $out/" >&2

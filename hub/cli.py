@@ -8,8 +8,10 @@ import click
 
 from fabric.auth.tokens import TokenStore, write_bootstrap_token
 from fabric.catalog.db import redact
+from fabric.catalog.pool import DEFAULT_SIZE as DEFAULT_POOL_SIZE
 from fabric.cli.context import handle_errors
 from fabric.engine.engine import Engine
+from fabric.util.dirlock import DirLock
 from fabric.util.net import parse_listen
 
 log = logging.getLogger("fabric.hub")
@@ -20,6 +22,23 @@ log = logging.getLogger("fabric.hub")
 @click.option("--listen", default="127.0.0.1:8600", show_default=True, metavar="HOST:PORT", help="REST API address.")
 @click.option("--s3-listen", metavar="HOST:PORT", help="Also serve the S3 API on this address.")
 @click.option("--db", metavar="URL", help="Catalog: sqlite:///PATH (default DIR/catalog.db) or postgresql://…")
+@click.option(
+    "--catalog-sync",
+    type=click.Choice(["full", "normal"]),
+    default="full",
+    show_default=True,
+    help="SQLite catalog durability. full: every acknowledged write survives power loss. "
+    "normal: faster commits, but the last acknowledged writes may be lost on power loss or an OS crash "
+    "(never on a crash of the hub alone).",
+)
+@click.option(
+    "--catalog-pool",
+    type=click.IntRange(min=1),
+    default=DEFAULT_POOL_SIZE,
+    show_default=True,
+    metavar="N",
+    help="Catalog database connections kept open at most (requests wait for a free one, then get 503).",
+)
 @click.option("--store", metavar="URL", help="Pack store: a path (default DIR/store), s3://bucket/prefix or an fsspec URL.")
 @click.option("--no-auth", is_flag=True, help="Accept unauthenticated requests as admin (only for local demos).")
 @click.option(
@@ -37,6 +56,8 @@ def hub(
     listen: str,
     s3_listen: str | None,
     db: str | None,
+    catalog_sync: str,
+    catalog_pool: int,
     store: str | None,
     no_auth: bool,
     s3_autocommit: float | None,
@@ -63,7 +84,9 @@ def hub(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     host, port = parse_listen(listen)
-    engine = Engine.open(data_dir, db, store)
+    # One hub per data directory, held until the command ends: a second one on DIR is refused.
+    click.get_current_context().with_resource(DirLock(data_dir, "hub data directory"))
+    engine = Engine.open(data_dir, db, store, catalog_sync=catalog_sync, catalog_pool=catalog_pool)
     tokens = TokenStore(engine.catalog.db)
     written = write_bootstrap_token(tokens, data_dir)
     if written:

@@ -7,6 +7,7 @@ import logging
 import click
 
 from fabric.cli.context import handle_errors
+from fabric.util.dirlock import DirLock
 from fabric.util.net import parse_listen
 from fabric.util.sizes import parse_size
 
@@ -53,6 +54,8 @@ def spoke(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     host, port = parse_listen(listen)
+    # One spoke per cache directory (write-back queue, state, caches), held until the command ends.
+    click.get_current_context().with_resource(DirLock(cache_dir, "spoke cache directory"))
     plane = SpokePlane(hub_url, token, cache_dir, parse_size(cache_size), lease=lease, durability=durability)
     auth = None if no_auth else SpokeAuth(hub_url, plane.traffic, plane.state)
     log.info("spoke of %s: cache %s (%s), durability %s", hub_url, cache_dir, cache_size, durability)

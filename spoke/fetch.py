@@ -78,8 +78,7 @@ class FetchScheduler:
                     self.hit_bytes += len(out[cid])
                     continue
                 except Corruption:
-                    self.cache.drop(cid)
-                    self.cache.corruptions += 1
+                    self.cache.drop_corrupt(cid)
                     self.refetched += 1
             waits.append((cid, self._request(cid, priority)))
         for cid, fut in waits:

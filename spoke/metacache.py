@@ -38,8 +38,7 @@ class SpokeMetaStore(MetaStore):
             try:
                 decode_object(oid, data)  # the cached copy too: a damaged one is dropped and fetched again
             except Corruption:
-                self.disk.drop(key)
-                self.disk.corruptions += 1
+                self.disk.drop_corrupt(key)
                 data = None
         if data is None:
             data = self._fetch([oid]).get(oid)

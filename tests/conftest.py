@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from fabric.engine.engine import Engine
+from tests.ci_requirements import missing, pytest_configure, pytest_runtest_setup  # noqa: F401 - the `requires` mark's hooks
 from tests.hubserver import Hub, start_hub
 from tests.moto_server import start_moto
 from tests.pgserver import drop_database, fresh_database, postgres_available, postgres_unavailable_reason, start_postgres
@@ -22,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     if not postgres_available():
-        pytest.skip(postgres_unavailable_reason())
+        missing(postgres_unavailable_reason())
     with start_postgres() as url:
         yield url
 

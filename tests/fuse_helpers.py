@@ -23,9 +23,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from fabric.util.net import free_port
+from tests.ci_requirements import requires
 from tests.hubserver import ROOT, _wait_healthy, hub_env, stop
 
 FABRIC = [sys.executable, "-m", "fabric.cli.main"]
@@ -43,7 +42,8 @@ def fuse_unavailable_reason() -> str | None:
     return None
 
 
-needs_fuse = pytest.mark.skipif(fuse_unavailable_reason() is not None, reason=str(fuse_unavailable_reason()))
+#: FUSE tests: skipped without FUSE, failed under CI (tests/ci_requirements.py).
+needs_fuse = requires(fuse_unavailable_reason())
 
 
 def env(token: str | None = None, **extra: str) -> dict:

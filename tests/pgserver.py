@@ -14,8 +14,9 @@ server runs as the system user ``fabricpg``, created on first use with
 ``runuser -u fabricpg --`` (or ``su``). Clients connect over TCP, so the test
 process needs no special rights.
 
-Binaries are found through ``$FABRIC_PG_BINDIR``, ``pg_config --bindir``,
-``/usr/lib/postgresql/*/bin`` (newest first), then ``$PATH``. Setting
+Binaries are found through ``$FABRIC_PG_BINDIR`` (when set, only there),
+else ``pg_config --bindir``, ``/usr/lib/postgresql/*/bin`` (newest first),
+then ``$PATH``. Setting
 ``FABRIC_TEST_POSTGRES_URL`` makes ``start_postgres()`` yield that URL instead
 of starting a server (the role behind it must be allowed to CREATE DATABASE
 for ``fresh_database``).
@@ -24,13 +25,14 @@ Use from a conftest.py (``tests/`` has no ``__init__.py``, so pytest puts
 ``tests/`` on ``sys.path`` and this module imports as ``pgserver``)::
 
     import pytest
+    from ci_requirements import missing
     from pgserver import (drop_database, fresh_database, postgres_available,
                           postgres_unavailable_reason, start_postgres)
 
     @pytest.fixture(scope="session")
     def pg_server():
         if not postgres_available():
-            pytest.skip(postgres_unavailable_reason())
+            missing(postgres_unavailable_reason())   # a skip; a failure under CI
         with start_postgres() as url:
             yield url
 
@@ -118,10 +120,10 @@ def _has_all(bindir: str) -> bool:
 
 def find_bindir() -> str | None:
     """Directory holding initdb, pg_ctl and postgres, or None."""
-    candidates: list[str] = []
     env = os.environ.get(_ENV_BINDIR)
-    if env:
-        candidates.append(env)
+    if env:  # an explicit setting is the only place looked at: a wrong one is reported, not papered over
+        return env if _has_all(env) else None
+    candidates: list[str] = []
     pg_config = shutil.which("pg_config")
     if pg_config:
         try:
@@ -163,6 +165,8 @@ def postgres_unavailable_reason() -> str | None:
     if os.environ.get(_ENV_URL):
         return None
     if find_bindir() is None:
+        if os.environ.get(_ENV_BINDIR):
+            return f"{_ENV_BINDIR}={os.environ[_ENV_BINDIR]} does not hold the PostgreSQL server binaries ({', '.join(_NEEDED)})"
         return (
             "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found; "
             "install the 'postgresql' package (scripts/install-system-deps.sh "

@@ -9,10 +9,13 @@
 
 Client tools that pin another botocore than the test venv's boto3 (the AWS
 CLI v1, s3fs/aiobotocore, awscrt) live in a separate virtual environment:
-``$FABRIC_S3_TOOLS`` (a venv directory), else ``.venv-s3tools`` at the
-repository root, else ``/tmp/awscli-venv``. Create one with::
+``$FABRIC_S3_TOOLS`` (a venv directory; when set, only there), else
+``.venv-s3tools`` at the repository root, else ``/tmp/awscli-venv``. Create one with::
 
     python3 -m venv .venv-s3tools && .venv-s3tools/bin/pip install awscli s3fs awscrt
+
+Tests that need a tool carry one of the marks below (``needs_aws``, ...): skipped
+without the tool, failed under CI (tests/ci_requirements.py).
 """
 
 from __future__ import annotations
@@ -25,20 +28,22 @@ import ssl
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import httpx
 
 from fabric.util.net import free_port
+from tests.ci_requirements import requires
 from tests.hubserver import ROOT, Hub, start_hub
 
 REGION = "us-east-1"
 
 
 def tools_venv() -> str | None:
-    for cand in (os.environ.get("FABRIC_S3_TOOLS"), os.path.join(ROOT, ".venv-s3tools"), "/tmp/awscli-venv"):
-        if cand and os.path.isfile(os.path.join(cand, "bin", "python")):
+    explicit = os.environ.get("FABRIC_S3_TOOLS")
+    for cand in (explicit,) if explicit else (os.path.join(ROOT, ".venv-s3tools"), "/tmp/awscli-venv"):
+        if os.path.isfile(os.path.join(cand, "bin", "python")):
             return cand
     return None
 
@@ -58,6 +63,16 @@ def tools_python(module: str) -> str | None:
     py = os.path.join(venv, "bin", "python")
     ok = subprocess.run([py, "-c", f"import {module}"], capture_output=True, check=False).returncode == 0
     return py if ok else None
+
+
+def _tool_reason(found: Callable[[], str | None], what: str) -> Callable[[], str | None]:
+    return lambda: None if found() else what
+
+
+needs_aws = requires(_tool_reason(aws_binary, "the AWS CLI is not installed (see tests/s3_helpers.py)"))
+needs_s3fs = requires(_tool_reason(lambda: tools_python("s3fs"), "no tools venv with s3fs (see tests/s3_helpers.py)"))
+needs_awscrt = requires(_tool_reason(lambda: tools_python("awscrt.s3"), "no tools venv with awscrt (see tests/s3_helpers.py)"))
+needs_rclone = requires(_tool_reason(lambda: shutil.which("rclone"), "rclone is not installed (apt-get install rclone)"))
 
 
 def unique(stem: str = "b") -> str:

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from tests.ci_requirements import missing
 from tests.fuse_helpers import (
     diff_snapshots,
     fabric,
@@ -168,7 +169,7 @@ def _tree(root) -> None:
 @pytest.mark.parametrize("tool", ["cp", "tar", "rsync"])
 def test_tools_write_into_the_mount(hub, tmp_path, tool):
     if tool == "rsync" and not shutil.which("rsync"):
-        pytest.skip("rsync is not installed")
+        missing("rsync is not installed (apt-get install rsync)")
     src = tmp_path / "src"
     src.mkdir()
     _tree(src)

@@ -7,28 +7,14 @@ from urllib.parse import urlsplit
 
 import pytest
 
-try:  # tests/ is on sys.path when it has no __init__.py (pytest's rootdir mode)
-    from pgserver import (
-        drop_database,
-        fresh_database,
-        postgres_available,
-        postgres_unavailable_reason,
-        start_postgres,
-    )
-except ImportError:  # pragma: no cover - tests/ became a package
-    from tests.pgserver import (  # type: ignore[no-redef]
-        drop_database,
-        fresh_database,
-        postgres_available,
-        postgres_unavailable_reason,
-        start_postgres,
-    )
+from tests.ci_requirements import requires
+from tests.pgserver import drop_database, fresh_database, postgres_unavailable_reason, start_postgres
 
 psycopg = pytest.importorskip("psycopg")
 
 pytestmark = [
     pytest.mark.postgres,
-    pytest.mark.skipif(not postgres_available(), reason=str(postgres_unavailable_reason())),
+    requires(postgres_unavailable_reason),
 ]
 
 

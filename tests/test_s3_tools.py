@@ -10,7 +10,6 @@ import filecmp
 import hashlib
 import json
 import os
-import shutil
 import ssl
 import subprocess
 import textwrap
@@ -19,7 +18,10 @@ import pytest
 
 from tests.s3_helpers import (
     S3Hub,
-    aws_binary,
+    needs_aws,
+    needs_awscrt,
+    needs_rclone,
+    needs_s3fs,
     staged_paths,
     start_s3_hub,
     tools_python,
@@ -28,9 +30,6 @@ from tests.s3_helpers import (
 
 MiB = 1024 * 1024
 
-need_aws = pytest.mark.skipif(aws_binary() is None, reason="the AWS CLI is not installed (see tests/s3_helpers.py)")
-need_s3fs = pytest.mark.skipif(tools_python("s3fs") is None, reason="no tools venv with s3fs (see tests/s3_helpers.py)")
-need_rclone = pytest.mark.skipif(shutil.which("rclone") is None, reason="rclone is not installed (apt-get install rclone)")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +81,7 @@ def assert_same_tree(a: str, b: str) -> None:
 
 
 # -- the AWS CLI -----------------------------------------------------------------------
-@need_aws
+@needs_aws
 def test_aws_cli_cp_sync_ls(s3hub, admin, tmp_path):
     repo = unique("cli")
     s3hub.plane().create_repo(repo)
@@ -117,7 +116,7 @@ def test_aws_cli_cp_sync_ls(s3hub, admin, tmp_path):
     assert repo in s3hub.aws(admin, "s3", "ls").stdout.decode()
 
 
-@need_aws
+@needs_aws
 def test_aws_cli_s3api_conditional_and_range(s3hub, admin, tmp_path):
     repo = unique("api")
     s3hub.plane().create_repo(repo)
@@ -170,7 +169,7 @@ S3FS_SCRIPT = textwrap.dedent(
 )
 
 
-@need_s3fs
+@needs_s3fs
 def test_s3fs_lists_reads_writes_a_tree(s3hub, admin, tmp_path):
     bucket = unique("fsspec")
     s3hub.boto3(admin).create_bucket(Bucket=bucket)  # bound to main: plain keys
@@ -214,7 +213,7 @@ def _rclone(s3hub: S3Hub, admin, *args: str) -> subprocess.CompletedProcess:
     return p
 
 
-@need_rclone
+@needs_rclone
 def test_rclone_copy_ls_check_both_ways(s3hub, admin, tmp_path):
     repo = unique("rcl")
     s3hub.plane().create_repo(repo)
@@ -282,7 +281,7 @@ CRT_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(tools_python("awscrt.s3") is None, reason="no tools venv with awscrt (see tests/s3_helpers.py)")
+@needs_awscrt
 @pytest.mark.parametrize("size", [1000, 12 * MiB])
 def test_crt_client_aws_chunked_trailing_checksums(s3hub, admin, tmp_path, size):
     """The CRT S3 client sends aws-chunked bodies with a trailing CRC32 (STREAMING-UNSIGNED-PAYLOAD-TRAILER),

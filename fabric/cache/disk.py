@@ -12,13 +12,20 @@ frames and metadata objects, a mount's chunks (``--cache-dir``).
   a stable ~90% of the budget that hits every epoch, where plain LRU would
   hit nothing; a new working set still replaces a dead one.
 - **Pins**: pinned blobs (unflushed writes) are never evicted; they count
-  against the budget.
+  against the budget. A batch is pinned whole or not at all: its room is
+  reserved under the lock before any file is written, so concurrent batches
+  never pin more than the budget between them.
 - **Verification**: ``verify(key, data)`` runs on every read (a frame's xxh3
   checksum, a chunk's id); a corrupt file is dropped (and counted) and the
   caller fetches the blob again.
 - **Failures**: a blob that cannot be written (disk full, I/O error) is just
   not cached; only pinned blobs, which must be kept, raise.
 - **Restart**: blobs on disk are indexed again at start-up.
+- **One user**: the directory is locked (``flock`` of the directory itself) for the
+  life of the cache, until :meth:`DiskCache.close` or the process ends; another
+  process opening it gets :class:`~fabric.util.dirlock.DirectoryInUse`.
+- **Counters**: ``hits`` and ``misses`` count every :meth:`DiskCache.get`
+  exactly (a corrupt or vanished file is a miss); they change under the lock.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from fabric.errors import StorageFull
+from fabric.util.dirlock import DirLock
 
 log = logging.getLogger("fabric.cache")
 
@@ -72,10 +80,19 @@ class DiskCache:
         self._doomed: dict[bytes, int] = {}
         self._doomed_bytes = 0
         self._clock = 0
-        self._writing: set[bytes] = set()
+        # Keys being written, with how many writers each (a pin batch may rewrite a blob in flight).
+        self._writing: dict[bytes, int] = {}
         self.hits = self.misses = self.evictions = self.corruptions = 0
-        os.makedirs(root, exist_ok=True)
-        self._reindex(pinned)
+        self._dirlock = DirLock(root, "cache directory")
+        try:
+            self._reindex(pinned)
+        except BaseException:
+            self._dirlock.release()
+            raise
+
+    def close(self) -> None:
+        """Release the directory's lock (the index stays usable in this process; idempotent)."""
+        self._dirlock.release()
 
     # -- paths and start-up --------------------------------------------------
     def _path(self, key: bytes) -> str:
@@ -146,11 +163,10 @@ class DiskCache:
             with open(self._path(key), "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            self._forget(key)
+            self._forget(key, miss=True)
             return None
         if len(data) != item.size or (self._verify is not None and not self._verify(key, data)):
-            self.corruptions += 1
-            self._forget(key, unlink=True)
+            self._forget(key, unlink=True, miss=True, corrupt=True)
             return None
         with self._lock:
             self.hits += 1
@@ -168,75 +184,109 @@ class DiskCache:
     # -- writing -------------------------------------------------------------
     def put(self, key: bytes, data: bytes, pin: bool = False) -> bool:
         """Cache a blob; returns False when it was not kept (too big for the window, or
-        not writable). A pinned blob is on disk for good (fsynced) when this returns."""
-        return self._store(key, data, pin, durable=pin)
+        not writable). A pinned blob is on disk for good (fsynced) when this returns; pinning
+        is all or nothing as in :meth:`put_pinned`."""
+        if pin:
+            self._pin_batch({key: data}, durable=True)
+            return True
+        return self._store(key, data)
 
     def put_pinned(self, blobs: Iterable[tuple[bytes, bytes]]) -> int:
         """Pin a batch of blobs, on disk for good when this returns: one sync of the file
         system for the batch, not an fsync per blob. How many were not cached before.
-        CacheFull, with nothing pinned, when the batch cannot fit beside what is pinned."""
-        blobs = list(blobs)
+
+        All or nothing: CacheFull when the batch cannot fit beside what is pinned, and
+        the OSError of a blob that cannot be written or synced, leave none of the batch
+        pinned (blobs cached before stay cached, unpinned)."""
+        return self._pin_batch(dict(blobs), durable=False)
+
+    def _pin_batch(self, batch: dict[bytes, bytes], durable: bool) -> int:
+        """Reserve and pin the whole batch under the lock, then write its files; ``durable``
+        fsyncs each file, else one sync of the file system covers the batch."""
         with self._lock:
-            extra = sum(len(data) for key, data in dict(blobs).items() if key not in self._pinned)
+            extra = sum(len(data) for key, data in batch.items() if key not in self._pinned)
             if self._pinned_bytes + extra > self.budget:
                 raise CacheFull(
                     f"{extra} more bytes pinned would exceed the cache budget of {self.budget} bytes "
                     f"({self._pinned_bytes} pinned by writes not yet at the hub)"
                 )
-        new = 0
-        for key, data in blobs:
-            new += key not in self
-            self._store(key, data, pin=True, durable=False)
-        sync_filesystem(self.root)
-        return new
+            promoted = [key for key in batch if key not in self._pinned and self._pin_locked(key)]
+            fresh = [key for key in batch if key not in self._pinned]
+            # A blob another writer has in flight may not be on disk yet: this batch writes it too.
+            to_write = list(dict.fromkeys([*(key for key in batch if key in self._writing), *fresh]))
+            for key in fresh:
+                self._clock += len(batch[key])
+                self._pinned[key] = _Item(len(batch[key]), self._clock)
+                self._pinned_bytes += len(batch[key])
+            for key in to_write:
+                self._writing[key] = self._writing.get(key, 0) + 1
+            self._make_room(0)  # unpinned blobs make way; their files go before the new ones are written
+        try:
+            for key in to_write:
+                self._write(key, batch[key], durable)
+            if not durable:
+                sync_filesystem(self.root)
+        except BaseException:
+            self._unpin_failed(fresh, promoted)
+            raise
+        finally:
+            self._written(to_write)
+        return len(fresh)
 
-    def _store(self, key: bytes, data: bytes, pin: bool, durable: bool) -> bool:
+    def _unpin_failed(self, fresh: list[bytes], promoted: list[bytes]) -> None:
+        """Undo the pins of a batch that failed: its new blobs are forgotten, cached ones unpinned."""
+        with self._lock:
+            for key in fresh:
+                item = self._pinned.pop(key, None)
+                if item is not None:
+                    self._pinned_bytes -= item.size
+            for key in promoted:
+                item = self._pinned.pop(key, None)
+                if item is not None:
+                    self._pinned_bytes -= item.size
+                    self._main[key] = item
+                    self._main_bytes += item.size
+            self._make_room(0)
+
+    def _store(self, key: bytes, data: bytes) -> bool:
         size = len(data)
         with self._lock:
-            if key in self._pinned or key in self._writing:
+            if key in self._pinned or key in self._writing or key in self._window or key in self._main:
                 return True
-            if key in self._window or key in self._main:
-                if pin:
-                    self._pin_locked(key)
-                return True
-            if pin and self._pinned_bytes + size > self.budget:
-                raise CacheFull(f"pinned data would exceed the cache budget of {self.budget} bytes")
-            if not pin and size > self.window_cap:
+            if size > self.window_cap:
                 return False
             self._clock += size
-            if pin:
-                self._pinned[key] = _Item(size, self._clock)
-                self._pinned_bytes += size
-                victims = []
-            else:
-                self._window[key] = _Item(size, self._clock)
-                self._window_bytes += size
-                victims = self._spill_window()
+            self._window[key] = _Item(size, self._clock)
+            self._window_bytes += size
+            self._spill_window()
             # Files of victims go before the new file is written: disk use never exceeds the budget.
-            victims += self._make_room(0)
-            kept = key in self._window or key in self._main or key in self._pinned
-            if kept:
-                self._writing.add(key)
-        for victim in victims:
-            self._unlink(victim)
-        if not kept:
-            return False
+            self._make_room(0)
+            if key not in self._window and key not in self._main:
+                return False
+            self._writing[key] = 1
         try:
-            self._write(key, data, durable)
+            self._write(key, data, False)
         except OSError as exc:
             self._forget(key)
-            if pin:
-                raise
             log.warning("cache %s: cannot store %s (%s); not cached", self.root, key.hex(), exc)
             return False
         finally:
-            with self._lock:
-                self._writing.discard(key)
-                doomed = self._doomed.pop(key, 0)
-                if doomed or not (key in self._window or key in self._main or key in self._pinned):
-                    self._unlink(key)  # evicted (or dropped) while it was being written: no untracked file may stay
-                self._doomed_bytes -= doomed
+            self._written([key])
         return True
+
+    def _written(self, keys: list[bytes]) -> None:
+        """A writer is done with ``keys``: a blob evicted or dropped meanwhile leaves no file behind."""
+        with self._lock:
+            for key in keys:
+                left = self._writing.pop(key) - 1
+                if left:
+                    self._writing[key] = left
+                    continue  # the last writer cleans up
+                # A blob evicted while it was written kept its bytes reserved until now; one evicted
+                # or dropped meanwhile (and not cached again) leaves no file behind.
+                self._doomed_bytes -= self._doomed.pop(key, 0)
+                if not (key in self._window or key in self._main or key in self._pinned):
+                    self._unlink(key)
 
     def pin(self, key: bytes) -> bool:
         """Pin a cached blob; False when it is not cached."""
@@ -261,17 +311,18 @@ class DiskCache:
             self._pinned_bytes -= item.size
             self._main[key] = item
             self._main_bytes += item.size
-            victims = self._make_room(0)
-        for victim in victims:
-            self._unlink(victim)
+            self._make_room(0)
 
     def drop(self, key: bytes) -> None:
         self._forget(key, unlink=True)
 
+    def drop_corrupt(self, key: bytes) -> None:
+        """Drop a blob its reader found damaged (a check beyond ``verify``), and count it."""
+        self._forget(key, unlink=True, corrupt=True)
+
     # -- internals (called with the lock held) -------------------------------
-    def _make_room(self, size: int) -> list[bytes]:
+    def _make_room(self, size: int) -> None:
         """Evict until ``size`` more bytes fit: unproven window blobs first, then main's LRU."""
-        victims = []
         while self.used + size > self.budget and (self._window or self._main):
             seg = self._window if self._window else self._main
             key, item = seg.popitem(last=False)
@@ -280,10 +331,8 @@ class DiskCache:
             else:
                 self._main_bytes -= item.size
             self._evict_locked(key, item)
-        return victims
 
-    def _spill_window(self) -> list[bytes]:
-        victims = []
+    def _spill_window(self) -> None:
         while self._window_bytes > self.window_cap:
             key, item = self._window.popitem(last=False)
             self._window_bytes -= item.size
@@ -297,7 +346,6 @@ class DiskCache:
                 self._main_bytes += item.size
             else:
                 self._evict_locked(key, item)
-        return victims
 
     def _evict_locked(self, key: bytes, item: _Item) -> None:
         """The file of an evicted blob goes at once, under the lock, so its bytes are only
@@ -312,8 +360,10 @@ class DiskCache:
     def _dead(self, item: _Item) -> bool:
         return self._clock - item.last > DEAD_AFTER_BUDGETS * self.budget
 
-    def _forget(self, key: bytes, unlink: bool = False) -> None:
+    def _forget(self, key: bytes, unlink: bool = False, miss: bool = False, corrupt: bool = False) -> None:
         with self._lock:
+            self.misses += miss
+            self.corruptions += corrupt
             for seg, attr in ((self._window, "_window_bytes"), (self._main, "_main_bytes"), (self._pinned, "_pinned_bytes")):
                 item = seg.pop(key, None)
                 if item is not None:
@@ -326,6 +376,7 @@ class DiskCache:
             os.unlink(self._path(key))
 
     def _write(self, key: bytes, data: bytes, durable: bool) -> None:
+        """Write the blob's file atomically (a temporary file renamed); ``durable`` fsyncs it."""
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{os.path.dirname(path)}/.tmp-{os.getpid()}-{threading.get_ident()}-{key.hex()[:16]}"

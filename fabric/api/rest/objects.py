@@ -12,7 +12,9 @@ from pydantic import BaseModel, Field
 from fabric.api.body import BodyReader
 from fabric.api.headers import InvalidRange, http_date, parse_range
 from fabric.api.routing import MAX_CHANGES_BYTES, Authenticator, Durability, PlaneGetter, caller, read_body
-from fabric.errors import BadRequest, FabricError, RangeNotSatisfiable
+from fabric.errors import BadRequest, FabricError, RangeNotSatisfiable, Unavailable
+from fabric.format.model import Entry
+from fabric.plane.dataplane import DataPlane
 from fabric.plane.wire import MSGPACK, STAGING_SEQ_HEADER, entry_json, unpack_changes
 
 
@@ -57,6 +59,23 @@ def _requested_range(header: str, size: int) -> tuple[int, int]:
         return parse_range(header, size)
     except InvalidRange as exc:
         raise RangeNotSatisfiable(str(exc)) from None
+
+
+#: How often a GET looks again when the branch moved while it looked the file up.
+SNAPSHOT_ATTEMPTS = 20
+
+
+def _entry_at_one_commit(p: DataPlane, repo: str, ref: str, path: str) -> tuple[str, Entry]:
+    """The commit ``ref`` names and the entry of ``path`` as read at that very commit
+    (on a branch, with its uncommitted changes overlaid): the ref is resolved again after
+    the lookup and the lookup repeated until it did not move in between. The bytes are then
+    read from the entry itself, so ``X-Fabric-Commit`` names the commit they belong to."""
+    for _ in range(SNAPSHOT_ATTEMPTS):
+        commit_id = p.resolve_commit(repo, ref)
+        entry = p.stat(repo, ref, path)
+        if p.resolve_commit(repo, ref) == commit_id:
+            return commit_id, entry
+    raise Unavailable(f"{repo}@{ref} moved during each of {SNAPSHOT_ATTEMPTS} lookups of {path!r}; try again")
 
 
 def add_object_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authenticator) -> None:
@@ -117,8 +136,7 @@ def add_object_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authe
         """Download a file; honours a single ``Range: bytes=...``. ``X-Fabric-Commit`` names the commit."""
         who.require(repo, "read")
         p = plane()
-        commit_id = p.resolve_commit(repo, ref)
-        entry = p.stat(repo, ref, path)
+        commit_id, entry = _entry_at_one_commit(p, repo, ref, path)
         if entry.kind != "file":
             raise BadRequest(f"{path!r} is a {entry.kind}, not a file")
         headers = {
