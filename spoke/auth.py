@@ -25,12 +25,22 @@ from .traffic import METADATA, CountingTransport, Traffic
 
 
 class SpokeAuth:
-    def __init__(self, hub_url: str, traffic: Traffic, state: SpokeState, ttl: float = 30.0) -> None:
+    def __init__(
+        self,
+        hub_url: str,
+        traffic: Traffic,
+        state: SpokeState,
+        ttl: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        timeout: httpx.Timeout | float = 10.0,
+    ) -> None:
+        """``transport`` defaults to counting traffic; a spoke passes the one behind its hub
+        circuit breaker, so token checks fail fast (and fall back) while the hub is hung."""
         self.traffic = traffic
         self.state = state
         self.ttl = ttl
         self._http = httpx.Client(
-            base_url=hub_url.rstrip("/") + "/api/v1", timeout=10.0, transport=CountingTransport(traffic)
+            base_url=hub_url.rstrip("/") + "/api/v1", timeout=timeout, transport=transport or CountingTransport(traffic)
         )
         self._lock = threading.Lock()
         # Verdicts from before a restart are expired: used only while the hub is away.

@@ -7,11 +7,24 @@ import logging
 import click
 
 from fabric.cli.context import handle_errors
+from fabric.client.http import Timeouts
+from fabric.errors import BadRequest
 from fabric.util.dirlock import DirLock
 from fabric.util.net import parse_listen
 from fabric.util.sizes import parse_size
 
 log = logging.getLogger("fabric.spoke")
+
+
+def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None) -> Timeouts:
+    from .plane import HUB_TIMEOUTS
+
+    if value is None:
+        return HUB_TIMEOUTS
+    try:
+        return Timeouts.parse(value, HUB_TIMEOUTS)
+    except BadRequest as exc:
+        raise click.BadParameter(exc.message, ctx, param) from None
 
 
 @click.command("spoke")
@@ -23,6 +36,15 @@ log = logging.getLogger("fabric.spoke")
 @click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="The spoke's own token at the hub (needs read, and write to accept writes). Env: FABRIC_TOKEN.")
 @click.option("--lease", type=float, default=10.0, show_default=True, metavar="SECONDS", help="How stale a branch head may be when the hub's watch stream is down.")
 @click.option("--durability", type=click.Choice(["hub", "local"]), default="hub", show_default=True, help="Default for writes: hub = stored at the hub before success; local = queued on this spoke's disk, pushed when the hub is reachable.")
+@click.option(
+    "--hub-timeout",
+    "hub_timeouts",
+    metavar="SPEC",
+    callback=_hub_timeouts,
+    help="How long a call to the hub may wait before the hub counts as unreachable (reads are then served as while "
+    "it is down): SECONDS for the read timeout, or e.g. connect=5,read=10,write=60,pool=10,slow=300 (slow: commits, "
+    "merges, uploads). Defaults: connect 5, read 10, write 60, pool 10, slow 300.",
+)
 @click.option("--no-auth", is_flag=True, help="Accept unauthenticated requests as admin (only for local demos).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True)
 @handle_errors
@@ -35,6 +57,7 @@ def spoke(
     token: str | None,
     lease: float,
     durability: str,
+    hub_timeouts: Timeouts,
     no_auth: bool,
     log_level: str,
 ) -> None:
@@ -47,17 +70,25 @@ def spoke(
     """
     import uvicorn
 
+    from fabric.client.breaker import BreakerTransport
+
     from .app import create_app
     from .auth import SpokeAuth
     from .plane import SpokePlane
+    from .traffic import CountingTransport
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     host, port = parse_listen(listen)
     # One spoke per cache directory (write-back queue, state, caches), held until the command ends.
     click.get_current_context().with_resource(DirLock(cache_dir, "spoke cache directory"))
-    plane = SpokePlane(hub_url, token, cache_dir, parse_size(cache_size), lease=lease, durability=durability)
-    auth = None if no_auth else SpokeAuth(hub_url, plane.traffic, plane.state)
+    plane = SpokePlane(
+        hub_url, token, cache_dir, parse_size(cache_size), lease=lease, durability=durability, hub_timeouts=hub_timeouts
+    )
+    auth = None
+    if not no_auth:
+        hub_transport = BreakerTransport(plane.breaker, CountingTransport(plane.traffic))
+        auth = SpokeAuth(hub_url, plane.traffic, plane.state, transport=hub_transport, timeout=hub_timeouts.as_httpx())
     log.info("spoke of %s: cache %s (%s), durability %s", hub_url, cache_dir, cache_size, durability)
     app = create_app(plane, auth)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)

@@ -21,7 +21,8 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from fabric.cache.disk import DiskCache
-from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane
+from fabric.client.breaker import BreakerTransport, CircuitBreaker
+from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane, Timeouts
 from fabric.engine.reader import Reader, View
 from fabric.engine.refs import parse_ref
 from fabric.engine.tree import Trees
@@ -51,6 +52,9 @@ META_SHARE = 0.1
 ANSWER_TTL = 30.0
 #: Name prefix of the metrics of calls to the hub: ``fabric_upstream_calls_total``, ``fabric_upstream_call_seconds``.
 UPSTREAM_METRICS = "fabric_upstream"
+#: How long a call to the hub may wait: a hub that stays silent longer counts as unreachable (the
+#: circuit breaker opens and reads are served as while it is down). ``fabric spoke --hub-timeout``.
+HUB_TIMEOUTS = Timeouts(connect=5.0, read=10.0, write=60.0, pool=10.0, slow=300.0)
 
 
 def _frame_intact(_chunk_id: bytes, frame: bytes) -> bool:
@@ -97,13 +101,18 @@ class SpokePlane(DataPlane):
         durability: str = HUB,
         fetch_workers: int = 4,
         upload_hold: float = UPLOAD_HOLD,
+        hub_timeouts: Timeouts = HUB_TIMEOUTS,
     ) -> None:
         if durability not in (HUB, LOCAL):
             raise BadRequest(f"unknown durability {durability!r}: use 'hub' or 'local'")
         self.traffic = Traffic()
         #: Calls to the hub by operation and outcome, with their latency (for the spoke's /metrics).
         self.upstream_metrics = CollectorRegistry()
-        hub = HttpPlane(hub_url, token, transport=CountingTransport(self.traffic, httpx.HTTPTransport(retries=1)))
+        #: Shared by every call to the hub: once one times out, the others fail fast (``Unavailable``)
+        #: and take the "hub is away" path, until a probe gets an answer.
+        self.breaker = CircuitBreaker()
+        transport = BreakerTransport(self.breaker, CountingTransport(self.traffic, httpx.HTTPTransport(retries=1)))
+        hub = HttpPlane(hub_url, token, hub_timeouts, transport)
         self.upstream = MetricsPlane(hub, self.upstream_metrics, UPSTREAM_METRICS)
         os.makedirs(cache_dir, exist_ok=True)
         self.writeback = open_writeback(cache_dir, upload_hold)
@@ -514,6 +523,7 @@ class SpokePlane(DataPlane):
     # -- administration ------------------------------------------------------
     def stats(self) -> dict:
         chunk, meta = self.chunk_cache.stats(), self.meta_cache.stats()
+        breaker = self.breaker.state()
         return {
             "role": "spoke",
             **self.traffic.snapshot(),
@@ -532,6 +542,10 @@ class SpokePlane(DataPlane):
             "writeback_early_chunks": self.writeback.early_sent,
             "watch_stream_live": self.tracker.live(),
             "watch_events": self.tracker.events,
+            "hub_reachable": breaker["reachable"],
+            "hub_breaker_open_since": breaker["open_since"],
+            "hub_breaker_trips": breaker["trips"],
+            "hub_breaker_last_error": breaker["last_error"],
         }
 
     def fsck(self, deep: bool = True, progress: Progress | None = None) -> dict:

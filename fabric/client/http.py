@@ -12,6 +12,7 @@ import json
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, BinaryIO
 
 import httpx
@@ -44,6 +45,43 @@ _BY_STATUS: dict[int, type[errors.FabricError]] = {
 }
 
 
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds an HTTP request may wait, by phase. ``read`` is the longest silence while an
+    answer is awaited or streamed (between two pieces of a body); ``slow`` replaces it for
+    calls whose answer may take long to start (commits, merges, uploads, gc, fsck)."""
+
+    connect: float = 10.0
+    read: float = 300.0
+    write: float = 300.0
+    pool: float = 300.0
+    slow: float = 300.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise errors.BadRequest(f"timeout {f.name} must be a positive number of seconds, not {value!r}")
+
+    @classmethod
+    def parse(cls, text: str, base: Timeouts | None = None) -> Timeouts:
+        """``"5"`` (read timeout) or ``"connect=2,read=5,write=30,pool=10,slow=300"`` over ``base``'s values."""
+        values = {f.name: getattr(base or cls(), f.name) for f in fields(cls)}
+        for part in text.split(","):
+            name, eq, number = part.strip().rpartition("=")
+            name = name.strip() if eq else "read"
+            if name not in values:
+                raise errors.BadRequest(f"unknown timeout {name!r}: use {', '.join(values)}")
+            try:
+                values[name] = float(number)
+            except ValueError:
+                raise errors.BadRequest(f"timeout {name} must be a number of seconds, not {number.strip()!r}") from None
+        return cls(**values)
+
+    def as_httpx(self, slow: bool = False) -> httpx.Timeout:
+        return httpx.Timeout(connect=self.connect, read=self.slow if slow else self.read, write=self.write, pool=self.pool)
+
+
 def durability_header(durability: str | None) -> dict[str, str]:
     """The request header that asks a spoke for a durability level (none: the server's default)."""
     return {"X-Fabric-Durability": durability} if durability is not None else {}
@@ -67,18 +105,25 @@ def raise_for_error(response: httpx.Response) -> None:
 
 class HttpPlane(DataPlane):
     def __init__(
-        self, url: str, token: str | None = None, timeout: float = 300.0, transport: httpx.BaseTransport | None = None
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float | Timeouts = 300.0,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """``timeout``: seconds for every phase but connecting (10 s), or :class:`Timeouts`."""
         self.url = url.rstrip("/")
+        self.timeouts = timeout if isinstance(timeout, Timeouts) else Timeouts(10.0, timeout, timeout, timeout, timeout)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         verify: Any = os.environ.get("FABRIC_CA_BUNDLE") or True
         self.http = httpx.Client(
             base_url=self.url + "/api/v1",
             headers=headers,
-            timeout=httpx.Timeout(timeout, connect=10.0),
+            timeout=self.timeouts.as_httpx(),
             verify=verify,
             transport=transport,
         )
+        self._slow = self.timeouts.as_httpx(slow=True)
 
     def close(self) -> None:
         self.http.close()
@@ -107,6 +152,10 @@ class HttpPlane(DataPlane):
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._call(method, path, **kwargs).json()
 
+    def _slow_json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """A call whose answer may take long to start: waits ``Timeouts.slow`` for it."""
+        return self._call(method, path, timeout=self._slow, **kwargs).json()
+
     # -- repositories --------------------------------------------------------------
     def create_repo(self, name: str, default_branch: str = "main") -> dict:
         return self._json("POST", "/repos", json={"name": name, "default_branch": default_branch})
@@ -118,7 +167,7 @@ class HttpPlane(DataPlane):
         return self._json("GET", "/repos")
 
     def delete_repo(self, name: str) -> None:
-        self._call("DELETE", f"/repos/{name}")
+        self._call("DELETE", f"/repos/{name}", timeout=self._slow)
 
     # -- refs ----------------------------------------------------------------------
     def resolve_commit(self, repo: str, ref: str) -> str:
@@ -175,7 +224,7 @@ class HttpPlane(DataPlane):
         allow_empty: bool = False,
     ) -> Commit:
         body = {"message": message, "metadata": dict(meta or {}), "author": author, "expected_head": expected_head, "allow_empty": allow_empty}
-        return commit_from_json(self._json("POST", f"/repos/{repo}/branches/{branch}/commits", json=body))
+        return commit_from_json(self._slow_json("POST", f"/repos/{repo}/branches/{branch}/commits", json=body))
 
     def commit_changes(
         self,
@@ -191,7 +240,7 @@ class HttpPlane(DataPlane):
         body = pack_changes(
             dict(changes), message=message, author=author, meta=dict(meta or {}), expected_head=expected_head, allow_empty=allow_empty
         )
-        response = self._json(
+        response = self._slow_json(
             "POST", f"/repos/{repo}/branches/{branch}/commit-changes", content=body, headers={"Content-Type": MSGPACK}
         )
         return commit_from_json(response)
@@ -216,11 +265,11 @@ class HttpPlane(DataPlane):
         self, repo: str, source: str, dest: str, strategy: str | None = None, message: str | None = None, author: str | None = None
     ) -> Commit:
         body = {"source": source, "strategy": strategy, "message": message, "author": author}
-        return commit_from_json(self._json("POST", f"/repos/{repo}/branches/{dest}/merge", json=body))
+        return commit_from_json(self._slow_json("POST", f"/repos/{repo}/branches/{dest}/merge", json=body))
 
     def revert(self, repo: str, branch: str, commit_ref: str, parent: int = 1, author: str | None = None) -> Commit:
         body = {"commit": commit_ref, "parent": parent, "author": author}
-        return commit_from_json(self._json("POST", f"/repos/{repo}/branches/{branch}/revert", json=body))
+        return commit_from_json(self._slow_json("POST", f"/repos/{repo}/branches/{branch}/revert", json=body))
 
     # -- objects -------------------------------------------------------------------
     def stat(self, repo: str, ref: str, path: str) -> Entry:
@@ -272,7 +321,7 @@ class HttpPlane(DataPlane):
                 yield piece
 
         return entry_from_json(
-            self._json("PUT", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, content=body(), headers=headers)
+            self._slow_json("PUT", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, content=body(), headers=headers)
         )
 
     def stage(
@@ -283,6 +332,7 @@ class HttpPlane(DataPlane):
             f"/repos/{repo}/branches/{branch}/entries",
             content=pack_changes(dict(changes)),
             headers={"Content-Type": MSGPACK, **durability_header(durability)},
+            timeout=self._slow,
         )
         seq = response.headers.get(STAGING_SEQ_HEADER)
         return int(seq) if seq is not None else None
@@ -291,7 +341,7 @@ class HttpPlane(DataPlane):
         self._call("DELETE", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, headers=durability_header(durability))
 
     def discard(self, repo: str, branch: str) -> None:
-        self._call("DELETE", f"/repos/{repo}/branches/{branch}/changes")
+        self._call("DELETE", f"/repos/{repo}/branches/{branch}/changes", timeout=self._slow)
 
     # -- chunk exchange ------------------------------------------------------------
     def missing_chunks(self, ids: Sequence[bytes], durability: str | None = None) -> list[bytes]:
@@ -306,7 +356,7 @@ class HttpPlane(DataPlane):
 
     def receive_pack(self, data: bytes, durability: str | None = None) -> tuple[int, int]:
         headers = {"Content-Type": "application/octet-stream", **durability_header(durability)}
-        r = self._json("POST", "/chunks/packs", content=data, headers=headers)
+        r = self._slow_json("POST", "/chunks/packs", content=data, headers=headers)
         return r["chunks"], r["new"]
 
     def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
@@ -338,20 +388,20 @@ class HttpPlane(DataPlane):
         return self._json("GET", "/stats")
 
     def fsck(self, deep: bool = True, progress: Progress | None = None) -> dict:
-        return self._json("POST", "/admin/fsck", params={"deep": deep})
+        return self._slow_json("POST", "/admin/fsck", params={"deep": deep})
 
     def gc(self, grace: float | None = None, dry_run: bool = False, progress: Progress | None = None) -> dict:
         params: dict[str, Any] = {"dry_run": dry_run}
         if grace is not None:
             params["grace"] = grace
-        return self._json("POST", "/admin/gc", params=params)
+        return self._slow_json("POST", "/admin/gc", params=params)
 
     # -- ref watch stream (hub only) -----------------------------------------------
     def watch(self, since: int | None = None, read_timeout: float = 30.0) -> Iterator[dict]:
         """Ref change events as they happen (see hub/watch.py); ends when the connection does."""
         params = {} if since is None else {"since": since}
         request = self.http.build_request(
-            "GET", "/watch", params=params, timeout=httpx.Timeout(read_timeout, connect=10.0)
+            "GET", "/watch", params=params, timeout=httpx.Timeout(read_timeout, connect=self.timeouts.connect)
         )
         response = self._open_stream(request)
         return _json_lines(response)
@@ -393,6 +443,8 @@ class HttpPlane(DataPlane):
 def _stream(response: httpx.Response) -> Iterator[bytes]:
     try:
         yield from response.iter_bytes(1 << 20)
+    except httpx.TransportError as exc:
+        raise errors.Unavailable(f"the download from {response.url.host} broke off: {exc}") from exc
     finally:
         response.close()
 
@@ -440,5 +492,7 @@ def _records(response: httpx.Response) -> Iterator[tuple[bytes, bytes]]:
             have = len(rest)
         if have:
             raise errors.Unavailable("frame stream ended in the middle of a record")
+    except httpx.TransportError as exc:
+        raise errors.Unavailable(f"the frame stream broke off: {exc}") from exc
     finally:
         response.close()
