@@ -9,19 +9,23 @@ from fabric.api.service import service_app
 
 from .auth import SpokeAuth
 from .plane import SpokePlane
+from .writeback_api import writeback_router
 
 
 def create_app(plane: SpokePlane, auth: SpokeAuth | None) -> FastAPI:
     """The spoke's ASGI app; ``auth=None`` lets every request act as admin (loopback demos).
 
     Its ``/metrics`` also shows the spoke's calls to its hub (``plane.upstream_metrics``)."""
-    return service_app(
+    authenticate = token_authenticator(auth.authenticate if auth else None)
+    app = service_app(
         "spoke",
         "A fabric spoke: the hub's REST API v1, served from a regional cache.",
         lambda: plane,
-        token_authenticator(auth.authenticate if auth else None),
+        authenticate,
         "fabric_spoke",
         plane.stats,
-        lambda: {"hub_stream_live": plane.tracker.live()},
+        lambda: {"hub_stream_live": plane.tracker.live(), "hub_reachable": plane.breaker.state()["reachable"]},
         collectors=[plane.upstream_metrics],
     )
+    app.include_router(writeback_router(plane.writeback, authenticate))
+    return app

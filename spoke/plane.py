@@ -540,6 +540,7 @@ class SpokePlane(DataPlane):
             "writeback_pending": self.writeback.count(),
             "writeback_landed": self.writeback.landed,
             "writeback_early_chunks": self.writeback.early_sent,
+            **self.writeback.stats(),
             "watch_stream_live": self.tracker.live(),
             "watch_events": self.tracker.events,
             "hub_reachable": breaker["reachable"],

@@ -2,11 +2,28 @@
 
 A write is durable once its chunk frames are pinned (fsynced) in the cache
 and its entry is a row in ``writeback.db`` (SQLite, synchronous=FULL). A
-background flusher pushes queued writes to the hub in order: it asks which
-chunks the hub lacks, uploads one pack of those frames, stages the entries,
-then deletes the rows and unpins the frames. Staging is an upsert, so a crash
-between staging and deleting the row re-stages the same entry: the write
-lands once. Until a write lands, reads of its branch at this spoke see it.
+background flusher pushes queued writes to the hub, each branch in its own
+order and independently of the others: it asks which chunks the hub lacks,
+uploads one pack of those frames, stages the entries, then deletes the rows
+and unpins the frames. Until a write lands, reads of its branch at this spoke
+see it.
+
+Errors (see :mod:`spoke.hubstage`): a transient one (hub away, 5xx, timeout)
+is retried with backoff for that branch only; a permanent one (branch or
+repository gone, token may not write, bad request) *parks* the batch: its rows
+stay in the queue with the error, shown by ``stats()`` (``writeback_parked``)
+and ``/api/v1/writeback/parked``, until an operator retries or drops them. The
+later writes of a parked branch are *held* (queued, not sent) behind it, so
+they never overtake it; other branches go on.
+
+Exactly once: before a batch is first sent, its rows record the branch's
+staging seq and head at the hub (``tried``). A batch whose outcome is unknown
+(the spoke crashed between staging and deleting its rows, or the answer was
+lost) is replayed as a conditional stage that leaves out every path written
+at the hub since then, so a replay never overwrites newer data. Paths left out
+(the first try landed, or a newer write came since) are logged and counted
+(``writeback_superseded``). A first try that certainly never reached the hub
+(no connection) clears the mark.
 
 Chunks uploaded with ``local`` durability are also sent on early (see
 :meth:`WriteBack.send_early`): the push to the hub overlaps the client's
@@ -22,15 +39,16 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from fabric.cache.disk import DiskCache
 from fabric.client.http import HttpPlane
-from fabric.errors import FabricError, Unavailable
+from fabric.errors import Conflict, FabricError, NotFound, Unavailable
 from fabric.format import packs
 from fabric.format.model import FILE, Entry
 from fabric.util import sqlite
 
+from .hubstage import is_permanent, never_sent, stage_unless_newer
 from .traffic import PUSH, Traffic
 
 log = logging.getLogger("fabric.spoke")
@@ -40,6 +58,14 @@ BATCH = 256
 EARLY_BATCH = 512
 #: How long uploaded chunks stay pinned waiting for an entry that uses them.
 UPLOAD_HOLD = 3600.0
+#: Backoff of a branch whose writes fail transiently: first and longest wait.
+BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
+#: Asking the hub for a staging snapshot newer than this returns no entries (only seq and head).
+_NO_ENTRIES = 1 << 62
+
+_COLUMNS = {"tried": "TEXT", "parked": "TEXT", "parked_at": "REAL"}
+
+Branch = tuple[str, str]
 
 
 class WriteBack:
@@ -48,18 +74,27 @@ class WriteBack:
         self.upload_hold = upload_hold
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        #: One batch goes to the hub at a time (the flusher, or a commit's flush of its branch).
+        self._sending = threading.Lock()
         self._db = sqlite.connect(path, durability="full")  # guarded by self._lock
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS ops (id INTEGER PRIMARY KEY AUTOINCREMENT, repo TEXT NOT NULL, "
             "branch TEXT NOT NULL, path TEXT NOT NULL, entry BLOB, created REAL NOT NULL)"
         )
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(ops)").fetchall()}
+        for column, kind in _COLUMNS.items():
+            if column not in have:  # a queue written by an older spoke
+                self._db.execute(f"ALTER TABLE ops ADD COLUMN {column} {kind}")
         self._queued = self._db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
+        self._parked = self._db.execute("SELECT COUNT(*) FROM ops WHERE parked IS NOT NULL").fetchone()[0]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._early: collections.deque[bytes] = collections.deque()
         self._holds: collections.deque[tuple[float, list[bytes]]] = collections.deque()  # (ends, chunks), in time order
+        self._retry_at: dict[Branch | None, tuple[float, float]] = {}  # branch (None: early chunks) -> (when, backoff)
         self.early_sent = 0
         self.landed = 0
+        self.superseded = 0
         self.last_error: str | None = None
 
     # -- start-up ------------------------------------------------------------
@@ -112,7 +147,7 @@ class WriteBack:
             self._wake.notify_all()
 
     def pending(self, repo: str, branch: str) -> dict[str, bytes | None]:
-        """Queued writes of a branch, latest per path (no query while nothing is queued)."""
+        """Queued writes of a branch (parked ones too), latest per path (no query while nothing is queued)."""
         with self._lock:
             if not self._queued:
                 return {}
@@ -122,68 +157,235 @@ class WriteBack:
         return {p: e for p, e in rows}
 
     def count(self) -> int:
+        """Writes waiting to be sent (parked ones not included)."""
         with self._lock:
-            return self._queued
+            return self._queued - self._parked
 
-    def flush(self, repo: str | None = None, branch: str | None = None) -> None:
-        """Push queued writes (of one branch, or all) now; Unavailable while the hub is away."""
-        while self._flush_batch(repo, branch):
-            pass
+    def stats(self) -> dict[str, int]:
+        """Counters for the spoke's stats: parked writes, and replays left out as superseded."""
+        with self._lock:
+            return {"writeback_parked": self._parked, "writeback_superseded": self.superseded}
+
+    def flush(self, repo: str, branch: str) -> None:
+        """Push the queued writes of one branch now: Unavailable while the hub is away, the
+        hub's error when it refuses them (they are parked), Conflict when some are parked."""
+        while True:
+            with self._lock:
+                parked = self._db.execute(
+                    "SELECT COUNT(*), MIN(parked) FROM ops WHERE repo = ? AND branch = ? AND parked IS NOT NULL",
+                    (repo, branch),
+                ).fetchone()
+            if parked[0]:
+                raise Conflict(
+                    f"{parked[0]} queued write(s) to {repo}@{branch} were refused by the hub and are parked "
+                    f"({parked[1]}); see `fabric writeback list` to retry or drop them"
+                )
+            if not self._flush_batch(repo, branch):
+                return
+
+    # -- parked writes (operators) -------------------------------------------
+    def parked(self) -> list[dict]:
+        """Parked writes, oldest first: id, repo, branch, path, error, created, parked_at, and
+        ``held``, how many later writes of its branch wait behind the branch's parked ones."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, repo, branch, path, entry IS NULL, parked, created, parked_at FROM ops "
+                "WHERE parked IS NOT NULL ORDER BY id"
+            ).fetchall()
+            held = dict(
+                ((r, b), n)
+                for r, b, n in self._db.execute(
+                    "SELECT repo, branch, COUNT(*) FROM ops WHERE parked IS NULL GROUP BY repo, branch"
+                ).fetchall()
+            )
+        return [
+            {
+                "id": i,
+                "repo": r,
+                "branch": b,
+                "path": p,
+                "delete": bool(d),
+                "error": err,
+                "created": c,
+                "parked_at": at,
+                "held": held.get((r, b), 0),
+            }
+            for i, r, b, p, d, err, c, at in rows
+        ]
+
+    def retry(self, op_id: int | None = None) -> int:
+        """Queue parked writes again (one, or all with ``None``); how many. NotFound for an id that is not parked."""
+        with self._wake:
+            sql, params = "UPDATE ops SET parked = NULL, parked_at = NULL WHERE parked IS NOT NULL", []
+            if op_id is not None:
+                sql, params = sql + " AND id = ?", [op_id]
+            with sqlite.transaction(self._db) as cur:
+                n = cur.execute(sql, params).rowcount
+            if op_id is not None and not n:
+                raise NotFound(f"no parked write-back entry {op_id}")
+            self._parked -= n
+            self._retry_at = {k: v for k, v in self._retry_at.items() if k is None}
+            self._wake.notify_all()
+        return n
+
+    def drop(self, op_id: int | None = None) -> int:
+        """Delete parked writes (one, or all with ``None``) and unpin the chunks no queued write
+        needs any more; how many. NotFound for an id that is not parked."""
+        with self._wake:
+            sql, params = "SELECT id, entry FROM ops WHERE parked IS NOT NULL", []
+            if op_id is not None:
+                sql, params = sql + " AND id = ?", [op_id]
+            rows = self._db.execute(sql, params).fetchall()
+            if op_id is not None and not rows:
+                raise NotFound(f"no parked write-back entry {op_id}")
+            with sqlite.transaction(self._db) as cur:
+                cur.executemany("DELETE FROM ops WHERE id = ?", [(r[0],) for r in rows])
+            self._parked -= len(rows)
+            self._queued -= len(rows)
+            self._wake.notify_all()
+        if rows:
+            log.warning("write-back: %d parked write(s) dropped by an operator", len(rows))
+        self._unpin_unneeded(cid for _, enc in rows if enc is not None for cid, _ in Entry.decode(enc).chunks)
+        return len(rows)
 
     # -- flushing ------------------------------------------------------------
     def _run(self) -> None:
-        backoff = 0.2
         while not self._stop.is_set():
             self._release_expired_holds()
+            now = time.monotonic()
             with self._wake:
-                if not self._early and self._db.execute("SELECT 1 FROM ops LIMIT 1").fetchone() is None:
-                    self._wake.wait(timeout=min(5.0, self.upload_hold))
+                due = [b for b in self._sendable() if self._retry_at.get(b, (0.0, 0.0))[0] <= now]
+                early = bool(self._early) and self._retry_at.get(None, (0.0, 0.0))[0] <= now
+                if not due and not early:
+                    waits = [when - now for when, _ in self._retry_at.values()]
+                    self._wake.wait(timeout=max(0.01, min([5.0, self.upload_hold, *waits])))
                     continue
-            try:
-                self.flush()
-                self._send_early_batch()
-                backoff = 0.2
-                self.last_error = None
-            except FabricError as exc:
-                self.last_error = exc.message
-                log.info("write-back: hub not reachable yet (%s); retrying in %.1fs", exc.message, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+            for repo, branch in due:
+                if self._stop.is_set():
+                    return
+                self._attempt((repo, branch), lambda r=repo, b=branch: self._flush_batch(r, b))
+            if early:
+                self._attempt(None, self._send_early_batch)
 
-    def _flush_batch(self, repo: str | None, branch: str | None) -> bool:
-        with self._lock:
-            sql, params = "SELECT id, repo, branch, path, entry FROM ops", []
-            if repo is not None:
-                sql += " WHERE repo = ? AND branch = ?"
-                params = [repo, branch]
-            first = self._db.execute(sql + " ORDER BY id LIMIT 1", params).fetchone()
-            if first is None:
+    def _sendable(self) -> list[Branch]:
+        """Branches with queued writes and none parked, oldest write first (under the lock)."""
+        rows = self._db.execute(
+            "SELECT repo, branch FROM ops GROUP BY repo, branch HAVING COUNT(parked) = 0 ORDER BY MIN(id)"
+        ).fetchall()
+        return [(r, b) for r, b in rows]
+
+    def _attempt(self, key: Branch | None, step: Callable[[], object]) -> None:
+        """Run one step of the flusher for a branch (or the early chunks); on a transient
+        error, back that key off; a permanent one was handled by the step."""
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - the flusher must outlive any error
+            message = exc.message if isinstance(exc, FabricError) else repr(exc)
+            if not isinstance(exc, FabricError):
+                log.exception("write-back: unexpected error")
+            if isinstance(exc, FabricError) and is_permanent(exc):
+                self.last_error = message
+                return
+            _, backoff = self._retry_at.get(key, (0.0, BACKOFF_MIN / 2))
+            backoff = min(backoff * 2, BACKOFF_MAX)
+            self._retry_at[key] = (time.monotonic() + backoff, backoff)
+            self.last_error = message
+            log.info("write-back: %s not sent yet (%s); retrying in %.1fs", key or "early chunks", message, backoff)
+        else:
+            self._retry_at.pop(key, None)
+            if not self._retry_at:
+                self.last_error = None
+
+    def _flush_batch(self, repo: str, branch: str) -> bool:
+        """Send the oldest batch of a branch's sendable writes (those before its first parked
+        one, all with the same ``tried``); False when there is none. A permanent error parks
+        the batch, then propagates."""
+        with self._sending:
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT id, path, entry, tried FROM ops WHERE repo = ? AND branch = ? AND parked IS NULL "
+                    "AND id < COALESCE((SELECT MIN(id) FROM ops WHERE repo = ? AND branch = ? AND parked IS NOT NULL), "
+                    "9223372036854775807) ORDER BY id LIMIT ?",
+                    (repo, branch, repo, branch, BATCH),
+                ).fetchall()
+            if not rows:
                 return False
-            rows = self._db.execute(
-                "SELECT id, path, entry FROM ops WHERE repo = ? AND branch = ? ORDER BY id LIMIT ?",
-                (first[1], first[2], BATCH),
-            ).fetchall()
-        target_repo, target_branch = first[1], first[2]
-        changes: dict[str, Entry | None] = {}
-        for _, path, enc in rows:
-            changes.pop(path, None)
-            changes[path] = Entry.decode(enc) if enc is not None else None
-        chunk_ids = list(dict.fromkeys(cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks))
-        with self.traffic.purpose(PUSH):
-            self._push_chunks(chunk_ids)
-            seq = self.upstream.stage(target_repo, target_branch, changes)
-        # Before the rows go, so that readers find the writes in the staging they see.
-        self.on_landed(target_repo, target_branch, changes, seq)
+            tried = rows[0][3]
+            rows = rows[: next((i for i, r in enumerate(rows) if r[3] != tried), len(rows))]  # one replay mark per batch
+            changes: dict[str, Entry | None] = {}
+            for _, path, enc, _ in rows:
+                changes.pop(path, None)
+                changes[path] = Entry.decode(enc) if enc is not None else None
+            chunk_ids = list(dict.fromkeys(cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks))
+            ids = [r[0] for r in rows]
+            try:
+                with self.traffic.purpose(PUSH):
+                    self._push_chunks(chunk_ids)
+                    seq, skipped = self._stage(repo, branch, changes, ids, tried)
+            except FabricError as exc:
+                if is_permanent(exc):
+                    self._park(ids, exc)
+                raise
+            landed = {p: e for p, e in changes.items() if p not in skipped}
+            if skipped:
+                self.superseded += len(skipped)
+                log.warning(
+                    "write-back: %d replayed write(s) to %s@%s left out: the path was written at the hub since the "
+                    "first try (by that try, or by a newer write) (%s)",
+                    len(skipped), repo, branch, ", ".join(skipped[:10]),
+                )
+            # Before the rows go, so that readers find the writes in the staging they see.
+            self.on_landed(repo, branch, landed, seq)
+            with self._lock:
+                with sqlite.transaction(self._db) as cur:
+                    cur.executemany("DELETE FROM ops WHERE id = ?", [(i,) for i in ids])
+                self._queued -= len(ids)
+            self._unpin_unneeded(chunk_ids)
+            self.landed += len(rows)
+            return True
+
+    def _stage(
+        self, repo: str, branch: str, changes: dict[str, Entry | None], ids: list[int], tried: str | None
+    ) -> tuple[int | None, list[str]]:
+        """Stage a batch: a replay (``tried`` set) conditionally, a first try after recording
+        the branch's staging seq and head at the hub in its rows."""
+        if tried is not None:
+            return stage_unless_newer(self.upstream, repo, branch, changes, tried)
+        head, seq, _ = self.upstream.staging_snapshot(repo, branch, _NO_ENTRIES)
+        self._set_tried(ids, f"{seq} {head}")
+        try:
+            return self.upstream.stage(repo, branch, changes), []
+        except FabricError as exc:
+            if never_sent(exc):
+                self._set_tried(ids, None)
+            raise
+
+    def _set_tried(self, ids: list[int], tried: str | None) -> None:
         with self._lock:
             with sqlite.transaction(self._db) as cur:
-                cur.executemany("DELETE FROM ops WHERE id = ?", [(r[0],) for r in rows])
-            self._queued -= len(rows)
+                cur.executemany("UPDATE ops SET tried = ? WHERE id = ?", [(tried, i) for i in ids])
+
+    def _park(self, ids: list[int], exc: FabricError) -> None:
+        """Keep these rows out of the flush with the hub's error (nothing of them was applied)."""
+        message = f"{exc.code}: {exc.message}"
+        with self._lock:
+            with sqlite.transaction(self._db) as cur:
+                cur.executemany(
+                    "UPDATE ops SET parked = ?, parked_at = ?, tried = NULL WHERE id = ?",
+                    [(message, time.time(), i) for i in ids],
+                )
+            self._parked += len(ids)
+        log.warning("write-back: %d write(s) parked: the hub refused them (%s)", len(ids), message)
+
+    def _unpin_unneeded(self, chunk_ids: Iterable[bytes]) -> None:
+        """Unpin the chunks of ``chunk_ids`` that no queued write needs."""
+        ids = list(chunk_ids)
+        if not ids:
+            return
         still = self.pinned_chunks()
-        for cid in chunk_ids:
+        for cid in ids:
             if cid not in still:
                 self.cache.unpin(cid)
-        self.landed += len(rows)
-        return True
 
     def _release_expired_holds(self) -> None:
         """Unpin uploaded chunks whose hold ended and that no queued write needs."""
@@ -192,19 +394,23 @@ class WriteBack:
         with self._lock:
             while self._holds and self._holds[0][0] <= now:
                 expired += self._holds.popleft()[1]
-        if expired:
-            needed = self.pinned_chunks()
-            for cid in expired:
-                if cid not in needed:
-                    self.cache.unpin(cid)
+        self._unpin_unneeded(expired)
 
     def _send_early_batch(self) -> None:
         with self._lock:
             batch = [self._early[i] for i in range(min(EARLY_BATCH, len(self._early)))]
         if not batch:
             return
-        with self.traffic.purpose(PUSH):
-            sent = self._push_chunks(batch, skip_absent=True)
+        try:
+            with self.traffic.purpose(PUSH):
+                sent = self._push_chunks(batch, skip_absent=True)
+        except FabricError as exc:
+            if is_permanent(exc):  # best effort: their entries, when queued, push them again
+                log.warning("write-back: %d chunk(s) not sent on early: %s", len(batch), exc.message)
+                with self._lock:
+                    for _ in batch:
+                        self._early.popleft()
+            raise
         with self._lock:
             for _ in batch:
                 self._early.popleft()

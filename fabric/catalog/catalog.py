@@ -233,6 +233,43 @@ class Catalog:
             self._event(cur, repo, STAGING, branch, None, str(seq))
         return seq
 
+    def stage_unless_newer(
+        self, repo: str, branch: str, changes: Sequence[tuple[str, bytes | None]], since_seq: int, head: str
+    ) -> tuple[int, list[str]]:
+        """Stage like :meth:`stage`, but leave out each path staged on the branch after
+        staging seq ``since_seq``; returns the new seq and the paths left out.
+
+        ``head`` is the branch head the caller checked commits against: Conflict (retry)
+        when the branch moved meanwhile. The branch's ref row is updated first, so stages
+        and commits of the branch are serialized with this check."""
+        with self.db.tx() as cur:
+            cur.execute(
+                "UPDATE refs SET staging_seq = staging_seq + 1 WHERE repo = ? AND kind = ? AND name = ? "
+                "RETURNING staging_seq, commit_id",
+                (repo, BRANCH, branch),
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise NotFound(f"branch {branch!r} does not exist in repository {repo!r}")
+            seq, current = row
+            if current != head:
+                raise Conflict(f"branch {branch!r} moved while staging; retry", head=current)
+            newer: set[str] = set()
+            paths = [p for p, _ in changes]
+            for part in batched(paths):
+                cur.execute(
+                    f"SELECT path FROM staging WHERE repo = ? AND branch = ? AND seq > ? AND path IN ({placeholders(len(part))})",
+                    (repo, branch, since_seq, *part),
+                )
+                newer.update(r[0] for r in cur.fetchall())
+            cur.executemany(
+                "INSERT INTO staging (repo, branch, path, entry, seq) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (repo, branch, path) DO UPDATE SET entry = excluded.entry, seq = excluded.seq",
+                [(repo, branch, path, entry, seq) for path, entry in changes if path not in newer],
+            )
+            self._event(cur, repo, STAGING, branch, None, str(seq))
+        return seq, sorted(newer)
+
     def staged(
         self,
         repo: str,

@@ -24,6 +24,7 @@ from fabric.cli import (
     token_cmd,
     transfer_cmd,
     up_cmd,
+    writeback_cmd,
 )
 from fabric.cli.context import DEFAULT_DATA, Ctx
 
@@ -94,7 +95,7 @@ def cli(
     ctx.obj = Ctx(data, db, store, server, token, as_json, quiet)
 
 
-for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd, token_cmd, up_cmd, bucket_cmd):
+for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd, token_cmd, up_cmd, bucket_cmd, writeback_cmd):
     module.register(cli)
 
 

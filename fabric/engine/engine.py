@@ -495,6 +495,33 @@ class Engine(DataPlane):
             repo, branch, [(p, e.encode() if e is not None else None) for p, e in self._normalized(changes).items()]
         )
 
+    def stage_unless_newer(
+        self, repo: str, branch: str, changes: Mapping[str, Entry | None], since_seq: int, since_head: str
+    ) -> tuple[int, list[str]]:
+        """Stage ``changes`` except the paths written on the branch since the caller first
+        tried (its staging seq was ``since_seq`` and its head ``since_head`` then): a replay
+        of a write that may have landed never overwrites a newer one. Returns the staging
+        seq and the paths left out (staged since, or changed by a commit since)."""
+        for path in changes:
+            check_path(path)
+        self._require_chunks(changes.values())
+        head = self.head(repo, branch)
+        committed = set()
+        if head != since_head:
+            try:
+                before = self.get_commit(repo, self._commit_by_id(repo, since_head)).tree
+            except (NotFound, BadRequest):  # not a commit of this repository: treat every path as changed
+                before = None
+            after = self.get_commit(repo, head).tree
+            for path in changes:
+                was = self.trees.get(before, path) if before is not None else None
+                now = self.trees.get(after, path)
+                if before is None or (was.encode() if was else None) != (now.encode() if now else None):
+                    committed.add(path)
+        rows = [(p, e.encode() if e is not None else None) for p, e in self._normalized(changes).items() if p not in committed]
+        seq, newer = self.catalog.stage_unless_newer(repo, branch, rows, since_seq, head)
+        return seq, sorted(committed.union(newer))
+
     def _normalized(self, changes: Mapping[str, Entry | None]) -> dict[str, Entry | None]:
         return {path: self.normalize(entry) for path, entry in changes.items()}
 

@@ -1,6 +1,7 @@
 """REST routes of objects: stat, entries, listings, download (with ranges), upload,
 delete, copy, and staging explicit entries."""
 
+import json
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -14,8 +15,13 @@ from fabric.api.headers import InvalidRange, http_date, parse_range
 from fabric.api.routing import MAX_CHANGES_BYTES, Authenticator, Durability, PlaneGetter, caller, read_body
 from fabric.errors import BadRequest, FabricError, RangeNotSatisfiable, Unavailable
 from fabric.format.model import Entry
+from fabric.format.paths import COMMIT_ID_RE
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.wire import MSGPACK, STAGING_SEQ_HEADER, entry_json, unpack_changes
+
+#: A conditional stage (a replay): ``SEQ HEAD``, the branch's staging seq and head when first tried.
+STAGE_SINCE_HEADER = "X-Fabric-Stage-Since"
+STAGE_SINCE_DOC = "Conditional stage: 'SEQ HEAD' (staging seq and head commit when the write was first tried)."
 
 
 class ObjectStat(BaseModel):
@@ -225,11 +231,39 @@ def add_object_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authe
         tags=["objects"],
         openapi_extra={"requestBody": {"content": {MSGPACK: {"schema": {"type": "string", "format": "binary"}}}, "required": True}},
     )
-    async def stage_entries(repo: str, branch: str, request: Request, who: Caller, x_fabric_durability: Durability = None) -> Response:
-        """Stage entries (msgpack ``{changes: {path: entry|null}}``) whose chunks are stored."""
+    async def stage_entries(
+        repo: str,
+        branch: str,
+        request: Request,
+        who: Caller,
+        x_fabric_durability: Durability = None,
+        x_fabric_stage_since: Annotated[str | None, Header(description=STAGE_SINCE_DOC)] = None,
+    ) -> Response:
+        """Stage entries (msgpack ``{changes: {path: entry|null}}``) whose chunks are stored.
+
+        With ``X-Fabric-Stage-Since: SEQ HEAD`` (a replay of a write that may have landed):
+        paths written on the branch since staging seq SEQ and head HEAD are left out, and
+        the answer is JSON ``{"seq": ..., "skipped": [paths]}``."""
         who.require(repo, "write")
+        since = _stage_since(x_fabric_stage_since)
         changes, _ = unpack_changes(await read_body(request, MAX_CHANGES_BYTES))
+        if since is not None:
+            conditional = getattr(plane(), "stage_unless_newer", None)
+            if conditional is None:
+                raise BadRequest(f"{STAGE_SINCE_HEADER} is not supported by this server (only by a hub)")
+            seq, skipped = await anyio.to_thread.run_sync(lambda: conditional(repo, branch, changes, *since))
+            return Response(json.dumps({"seq": seq, "skipped": skipped}), media_type="application/json")
         seq = await anyio.to_thread.run_sync(lambda: plane().stage(repo, branch, changes, x_fabric_durability))
         # The staging seq holding them (absent when a spoke queued them): lets a cache of the
         # branch's staging add its own write instead of fetching it back.
         return Response(status_code=204, headers={STAGING_SEQ_HEADER: str(seq)} if seq is not None else None)
+
+
+def _stage_since(value: str | None) -> tuple[int, str] | None:
+    """Parse ``X-Fabric-Stage-Since`` (``SEQ HEAD``); BadRequest when malformed."""
+    if value is None:
+        return None
+    parts = value.split()
+    if len(parts) != 2 or not parts[0].isdigit() or not COMMIT_ID_RE.fullmatch(parts[1]) or len(parts[1]) != 64:
+        raise BadRequest(f"{STAGE_SINCE_HEADER} must be 'SEQ HEAD' (a staging seq and a full commit id), not {value!r}")
+    return int(parts[0]), parts[1]
