@@ -88,7 +88,7 @@ def test_short_lived_threads_leave_at_most_the_pool_of_connections(engine: Engin
 def test_a_caller_waits_for_a_free_connection_then_gets_unavailable(db_url: str) -> None:
     db = Database(db_url, pool_size=2, pool_timeout=0.3)
     release = threading.Event()
-    holding = threading.Barrier(3)
+    holding = threading.Barrier(3, timeout=30)
 
     def hold(_: int) -> None:
         with db.tx(write=False) as cur:

@@ -169,19 +169,16 @@ def test_a_stalled_stream_is_cut_and_opens_the_breaker_so_the_next_call_fails_fa
             plane.close()
 
 
+def spoke_with_short_timeouts(hub, cache):  # noqa: ANN001, ANN201 - a running Hub; a context manager
+    """A spoke of ``hub`` that gives up on a silent hub after HUB_TIMEOUT (auth off: these tests are about the data path)."""
+    return start_spoke(hub.url, cache, "256MiB", token=hub.token, lease=LEASE, no_auth=True, args=["--hub-timeout", HUB_TIMEOUT])
+
+
 @pytest.mark.slow
 def test_hub_stopped_with_sigstop_reads_degrade_then_recover(tmp_path) -> None:
     with (
         start_restartable_hub(tmp_path / "hub") as hub,
-        start_spoke(
-            hub.url,
-            tmp_path / "cache",
-            "256MiB",
-            token=hub.token,
-            lease=LEASE,
-            no_auth=True,
-            args=["--hub-timeout", HUB_TIMEOUT],
-        ) as spoke,
+        spoke_with_short_timeouts(hub, tmp_path / "cache") as spoke,
     ):
         plane = hub.plane()
         repo = unique_name("hung")
@@ -240,15 +237,7 @@ def test_hub_that_accepts_and_never_answers(tmp_path) -> None:
         repo = unique_name("hole")
         files, c1 = seed(plane, repo)
         with (
-            start_spoke(
-                hub.url,
-                tmp_path / "cache",
-                "256MiB",
-                token=hub.token,
-                lease=LEASE,
-                no_auth=True,
-                args=["--hub-timeout", HUB_TIMEOUT],
-            ) as spoke,
+            spoke_with_short_timeouts(hub, tmp_path / "cache") as spoke,
             black_hole() as hole,
         ):
             with spoke.client(timeout=120) as c:

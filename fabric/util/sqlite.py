@@ -23,7 +23,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -49,7 +49,7 @@ def connect(path: str, durability: Durability) -> sqlite3.Connection:
         raise ValueError(f"unknown SQLite durability {durability!r}: expected one of {sorted(_SYNCHRONOUS)}")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
+    _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
     conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[durability]}")
     return conn
 
@@ -63,20 +63,29 @@ def transaction(conn: sqlite3.Connection, write: bool = True) -> Iterator[sqlite
     as locked is retried for a while (about ten seconds) before giving up.
     """
     cur = conn.cursor()
-    for attempt in range(BEGIN_ATTEMPTS):
-        try:
-            cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            break
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == BEGIN_ATTEMPTS - 1:
-                raise
-            time.sleep(BEGIN_RETRY_DELAY)
+    _retry_locked(lambda: cur.execute("BEGIN IMMEDIATE" if write else "BEGIN"))
     try:
         yield cur
     except BaseException:
         cur.execute("ROLLBACK")
         raise
     cur.execute("COMMIT")
+
+
+def _retry_locked(statement: Callable[[], object]) -> None:
+    """Run ``statement``, retrying it while SQLite refuses it at once as locked.
+
+    ``BEGIN`` and the switch to WAL (which another connection opening the same
+    new database may be making at that moment) fail with "database is locked"
+    without waiting for the busy timeout."""
+    for attempt in range(BEGIN_ATTEMPTS):
+        try:
+            statement()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == BEGIN_ATTEMPTS - 1:
+                raise
+            time.sleep(BEGIN_RETRY_DELAY)
 
 
 class SharedConnection:
