@@ -247,21 +247,21 @@ def test_shared_connection_serializes_threads(tmp_path: Path) -> None:
 def test_connections_opened_at_once_on_a_new_database_all_succeed(tmp_path) -> None:
     """Switching a new database to WAL is refused at once as "locked" while another
     connection does it: connect() retries instead of failing."""
+    errors: list[BaseException] = []
+
+    def open_one(path: str, start: threading.Barrier) -> None:
+        start.wait()
+        try:
+            sqlite.connect(path, "normal").close()
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
     for round_ in range(20):
-        path = str(tmp_path / f"new{round_}.db")
         start = threading.Barrier(8, timeout=30)
-        errors: list[BaseException] = []
-
-        def open_one() -> None:
-            start.wait()
-            try:
-                sqlite.connect(path, "normal").close()
-            except BaseException as exc:  # noqa: BLE001 - collected for the assertion
-                errors.append(exc)
-
-        threads = [threading.Thread(target=open_one) for _ in range(8)]
+        path = str(tmp_path / f"new{round_}.db")
+        threads = [threading.Thread(target=open_one, args=(path, start)) for _ in range(8)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        assert not errors, errors
+    assert not errors, errors
