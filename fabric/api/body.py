@@ -35,9 +35,16 @@ class BodyReader:
                 self._done = True
             else:
                 self._buf += part
-        if n < 0 or n >= len(self._buf):
-            out, self._buf = bytes(self._buf), bytearray()
-        else:
-            out = bytes(self._buf[:n])
-            del self._buf[:n]
-        return out
+        return take(self._buf, n)
+
+
+def take(buf: bytearray, n: int) -> bytes:
+    """Remove and return the first ``n`` bytes of ``buf`` (all of them when ``n`` is negative
+    or at least its length): the read side shared by the blocking body views."""
+    if n < 0 or n >= len(buf):
+        out = bytes(buf)
+        buf.clear()
+    else:
+        out = bytes(buf[:n])
+        del buf[:n]
+    return out

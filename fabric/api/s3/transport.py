@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from fabric.api.body import take
 from fabric.api.s3 import sigv4
 from fabric.api.s3 import xml as X
 from fabric.api.s3.errors import S3Error
@@ -111,12 +112,7 @@ class AsgiBody:
         while self._more and (n < 0 or len(self._buf) < n):
             assert self._loop is not None, "AsgiBody.read() runs in a worker thread of the gateway"
             self._buf += asyncio.run_coroutine_threadsafe(self._next(), self._loop).result()
-        if n < 0 or n >= len(self._buf):
-            out, self._buf = bytes(self._buf), bytearray()
-        else:
-            out = bytes(self._buf[:n])
-            del self._buf[:n]
-        return out
+        return take(self._buf, n)
 
 
 #: Answers one S3 request in a worker thread: ``(request, request id, body, op)``; the
