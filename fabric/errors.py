@@ -34,6 +34,13 @@ class BadRequest(FabricError):
     exit_code = 2
 
 
+class PayloadTooLarge(BadRequest):
+    """A request body (or the number of items in it) is over a limit: split it, do not retry it."""
+
+    status = 413
+    code = "payload_too_large"
+
+
 class InvalidName(BadRequest):
     code = "invalid_name"
 
@@ -101,6 +108,10 @@ class Corruption(FabricError):
 
 
 class Unavailable(FabricError):
+    """Not now: the server (or one it depends on) cannot serve the request at the moment.
+
+    ``retry_after`` (seconds), when given, is sent as the ``Retry-After`` header."""
+
     status = 503
     code = "unavailable"
     exit_code = 7

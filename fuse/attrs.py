@@ -9,6 +9,7 @@ with the entries created and removed in them.
 from __future__ import annotations
 
 import errno
+import logging
 import stat as S
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from fuse.writer import WFile
 BLKSIZE = 1024 * 1024
 UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
+
+log = logging.getLogger("fabric.fuse")
 
 
 class Attributes:
@@ -126,6 +129,8 @@ class Attributes:
                 e = None
             if e is not None:
                 st.ns.invalidate(split(p)[0])
+                if e.kind != DIR and st.ns.has_below(st.branch, p):
+                    e = st.implicit  # a directory of the same name shadows it
         if e is None:
             raise err(errno.ENOENT)
         return self.of_entry(p, e)
@@ -179,24 +184,31 @@ class Attributes:
             root_change(st.root)
             st.root["ctime"] = now
             return
-        if wf is not None:
-            with wf.lock:
-                wf_change(wf)
-                wf.ctime_ns = now
-                wf.generation += 1
-            if wf.opens == 0:
-                self.writes.sync_and_forget(wf)
-            return
-        with st.mu:
-            e = st.ns.lookup(p)
-            if e is None:
-                raise err(errno.ENOENT)
-            if st.ns.is_implicit(e):
-                t = st.times.get(p, {})
-                e = Entry(DIR, 0, e.mode, t.get("mtime", e.mtime_ns), uid=e.uid, gid=e.gid)
-            new = change(e)
-            st.stage({p: new})
-            st.times.setdefault(p, {})["ctime"] = now
+        if wf is None:
+            assert p is not None
+            with st.names.hold(p):
+                wf = st.files.get(p)  # opened for writing meanwhile: change its local state
+                if wf is None:
+                    e = st.ns.lookup(p)
+                    if e is None:
+                        raise err(errno.ENOENT)
+                    if st.ns.is_implicit(e):
+                        if st.ns.shadows(p):
+                            # A marker would overwrite the file or symlink this directory hides.
+                            log.warning("cannot change %s: a directory marker would replace the file of the same name it shadows", p)
+                            raise err(errno.EPERM)
+                        t = st.times.get(p, {})
+                        e = Entry(DIR, 0, e.mode, t.get("mtime", e.mtime_ns), uid=e.uid, gid=e.gid)
+                    st.stage({p: change(e)})
+                    with st.mu:
+                        st.times.setdefault(p, {})["ctime"] = now
+                    return
+        with wf.lock:
+            wf_change(wf)
+            wf.ctime_ns = now
+            wf.generation += 1
+        if wf.opens == 0:
+            self.writes.sync_and_forget(wf)
 
     def chmod(self, p: str | None, mode: int, fi: Any = None) -> None:
         m = mode & 0o7777

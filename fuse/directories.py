@@ -45,7 +45,7 @@ class Directories:
         d = self.state.ns.dir(p)
         out: list = [(".", S.S_IFDIR, 0), ("..", S.S_IFDIR, 0)]
         names = d.children
-        for name, e in names.items():
+        for name, e in list(names.items()):
             t = S.S_IFDIR if e.kind == DIR else S.S_IFLNK if e.kind == SYMLINK else S.S_IFREG
             out.append((name, t, 0))
         files = self.state.files

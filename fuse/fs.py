@@ -28,7 +28,9 @@ changes into a commit.
 Errors (also listed in ``fabric mount --help``):
 
 - ``EROFS``: any change on a read-only mount (commit, tag, or branch without ``--rw``).
-- ``EPERM``: ``link`` (hard links), ``mknod`` of devices, FIFOs and sockets.
+- ``EPERM``: ``link`` (hard links), ``mknod`` of devices, FIFOs and sockets; chmod, chown
+  or utimens of a directory that shadows a file or symlink of its name (its marker
+  would overwrite that entry; see :mod:`fabric.format.namespace`).
 - ``EOPNOTSUPP``: extended attributes (``setxattr``/``getxattr``; ``listxattr`` too),
   ``fallocate`` modes other than plain allocation.
 - ``EINVAL``: ``rename`` with ``RENAME_EXCHANGE`` or ``RENAME_WHITEOUT``; a name the

@@ -7,6 +7,17 @@ directories) or implicitly, as the common prefix of the paths below them.
 (``list(prefix='a/b/', delimiter='/')``, whole entries with their chunk
 lists) and caches the result: forever for an immutable commit or tag, for
 ``ttl`` seconds at a branch (and anew on every ``opendir``: close-to-open).
+
+What a listing shows follows the namespace rule of every file-system view
+(:func:`fabric.format.namespace.visible`): where keys ``a`` and ``a/b``
+coexist, the directory ``a`` shadows the file or symlink ``a``; each name is
+listed once. :attr:`Dir.shadowed` keeps the names whose entry is hidden, so
+that changes through the mount never overwrite what nobody can see.
+
+Thread safety: the cached listings are changed under a short internal lock
+that is never held across a network call. A listing is loaded without it and
+kept only if no change of that directory was recorded while it was loading
+(else it might predate the change; the next lookup lists again).
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from fabric.format.model import DIR, FILE, Entry
+from fabric.format.namespace import visible
 from fabric.plane.retry import RetryingPlane, ServerGone
 
 LIST_PAGE = 10_000
@@ -27,6 +39,8 @@ class Dir:
 
     children: dict[str, Entry]
     loaded_at: float
+    #: Names whose file or symlink a directory of the same name shadows (hidden from the view).
+    shadowed: frozenset[str] = frozenset()
     # Sibling readahead for small files: sorted file names, index of each, opens seen.
     _files: list[str] | None = None
     _index: dict[str, int] | None = None
@@ -35,7 +49,7 @@ class Dir:
 
     def files(self) -> tuple[list[str], dict[str, int]]:
         if self._files is None:
-            names = sorted(n for n, e in self.children.items() if e.kind == FILE)
+            names = sorted(n for n, e in list(self.children.items()) if e.kind == FILE)
             self._files = names
             self._index = {n: i for i, n in enumerate(names)}
         assert self._index is not None
@@ -48,7 +62,7 @@ class Dir:
 
     def subdirs(self) -> int:
         if self._subdirs is None:
-            self._subdirs = sum(1 for e in self.children.values() if e.kind == DIR)
+            self._subdirs = sum(1 for e in list(self.children.values()) if e.kind == DIR)
         return self._subdirs
 
 
@@ -59,26 +73,17 @@ def split(path: str) -> tuple[str, str]:
 
 
 class Namespace:
-    def __init__(
-        self,
-        plane: RetryingPlane,
-        repo: str,
-        ref: str,
-        implicit: Entry,
-        ttl: float | None,
-        lock: threading.RLock | None = None,
-    ) -> None:
+    def __init__(self, plane: RetryingPlane, repo: str, ref: str, implicit: Entry, ttl: float | None) -> None:
         self.plane = plane
         self.repo = repo
         self.ref = ref  # a commit id (immutable mounts) or a branch name
         self.implicit = implicit  # attributes of directories that have no marker
         self.ttl = ttl  # None: listings never expire
         self._dirs: dict[str, Dir] = {}
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
-        # A writable mount passes its namespace lock: listings are then loaded under the
-        # same lock as its own changes, so a listing never undoes a change made meanwhile.
-        self._shared = lock
+        self._loading: dict[str, threading.Lock] = {}  # one load of a directory at a time
+        self._guard = threading.Lock()  # the tables below and above; never held across a network call
+        self._versions: dict[str, int] = {}  # directory -> count of changes recorded for its listing
+        self._epoch = 0  # bumped when whole subtrees are forgotten
         self.lists = 0
 
     def is_implicit(self, entry: Entry | None) -> bool:
@@ -88,27 +93,32 @@ class Namespace:
     def _fresh(self, d: Dir | None) -> bool:
         return d is not None and (self.ttl is None or time.monotonic() - d.loaded_at < self.ttl)
 
+    def _changed(self, path: str) -> None:
+        """Record a change of ``path``'s listing (``_guard`` held): loads in flight are not kept."""
+        self._versions[path] = self._versions.get(path, 0) + 1
+
     def dir(self, path: str) -> Dir:
         """The listing of directory ``path`` ('' is the root), loaded when missing or expired."""
         d = self._dirs.get(path)
         if self._fresh(d):
             return d  # type: ignore[return-value]
-        if self._shared is not None:
-            lock = self._shared
-        else:
-            with self._guard:
-                lock = self._locks.setdefault(path, threading.Lock())
+        with self._guard:
+            lock = self._loading.setdefault(path, threading.Lock())
         with lock:
             d = self._dirs.get(path)
             if self._fresh(d):
                 return d  # type: ignore[return-value]
+            with self._guard:
+                seen = (self._versions.get(path, 0), self._epoch)
             try:
                 new = self._load(path)
             except ServerGone:
                 if d is None:
                     raise
                 return d  # the server is away: an expired listing beats an error
-            self._dirs[path] = new
+            with self._guard:
+                if (self._versions.get(path, 0), self._epoch) == seen:
+                    self._dirs[path] = new
             return new
 
     def cached(self, path: str) -> Dir | None:
@@ -116,60 +126,82 @@ class Namespace:
 
     def _load(self, path: str) -> Dir:
         prefix = path + "/" if path else ""
-        children: dict[str, Entry] = {}
-        implicit: list[str] = []
+        items: list[tuple[str, Entry]] = []
         after = ""
         started = time.monotonic()
         while True:
             page = self.plane.list(self.repo, self.ref, prefix, "/", after, LIST_PAGE)
             self.lists += 1
-            for p, entry in page.entries:
-                children[p[len(prefix) :]] = entry
-            implicit.extend(p[len(prefix) : -1] for p in page.prefixes)
+            items.extend(page.entries)
+            items.extend((p, self.implicit) for p in page.prefixes)  # 'a/': a directory with contents
             if page.next_after is None:
                 break
             after = page.next_after
-        for name in implicit:
-            existing = children.get(name)
-            if existing is None or existing.kind != DIR:
-                # A directory with contents wins over a file of the same name (possible in S3 key spaces).
-                children[name] = self.implicit
-        return Dir(children, started)
+        items.sort(key=lambda item: item[0])
+        hidden: list[str] = []
+        children: dict[str, Entry] = {}
+        for p, entry in visible(items, hidden):
+            name = p[len(prefix) :].rstrip("/")
+            # A directory marker comes before the common prefix of its contents: it is kept.
+            children.setdefault(name, entry)
+        return Dir(children, started, frozenset(p[len(prefix) :] for p in hidden))
 
     def invalidate(self, path: str) -> None:
-        self._dirs.pop(path, None)
+        with self._guard:
+            self._dirs.pop(path, None)
+            self._changed(path)
 
     def invalidate_tree(self, path: str) -> None:
         """Forget the listings of ``path`` and everything below it."""
         below = path + "/"
-        for p in list(self._dirs):
-            if p == path or p.startswith(below) or (path == "" and p):
-                self._dirs.pop(p, None)
+        with self._guard:
+            for p in list(self._dirs):
+                if p == path or p.startswith(below) or (path == "" and p):
+                    self._dirs.pop(p, None)
+            self._epoch += 1
 
     def set_loaded(self, path: str, children: dict[str, Entry]) -> None:
         """Record a listing known without asking (a directory just created is empty)."""
-        self._dirs[path] = Dir(children, time.monotonic())
+        with self._guard:
+            self._dirs[path] = Dir(children, time.monotonic())
+            self._changed(path)
 
     # -- entries -------------------------------------------------------------------
     def lookup(self, path: str) -> Entry | None:
-        """The entry at ``path`` ('' is the root), or None."""
+        """The entry at ``path`` ('' is the root) as the view shows it, or None."""
         if path == "":
             return self.implicit
         parent, name = split(path)
         return self.dir(parent).children.get(name)
 
+    def shadows(self, path: str) -> bool:
+        """Does the directory the view shows at ``path`` hide a file or symlink of that name
+        (by the listing of its parent; False if that is not loaded)?"""
+        parent, name = split(path)
+        d = self._dirs.get(parent)
+        return d is not None and name in d.shadowed
+
+    def has_below(self, ref: str, path: str) -> bool:
+        """Is anything stored under ``path/`` at ``ref`` now (one short listing)?"""
+        page = self.plane.list(self.repo, ref, path + "/", "/", "", 1)
+        return bool(page.entries or page.prefixes)
+
     def update(self, path: str, entry: Entry | None) -> None:
         """Reflect a change made through this mount in the cached parent listing (if loaded)."""
         parent, name = split(path)
-        d = self._dirs.get(parent)
-        if d is None:
-            return
-        if entry is None:
-            if d.children.pop(name, None) is not None:
-                d.changed()
-        else:
-            if d.children.get(name) is not entry:
+        with self._guard:
+            self._changed(parent)
+            if entry is None or entry.kind != DIR:
+                self._dirs.pop(path, None)
+                self._changed(path)
+            d = self._dirs.get(parent)
+            if d is None:
+                return
+            if entry is None:
+                if d.children.pop(name, None) is not None:
+                    d.changed()
+            elif d.children.get(name) is not entry:
                 d.children[name] = entry
                 d.changed()
-        if entry is None or entry.kind != DIR:
-            self._dirs.pop(path, None)
+            if name in d.shadowed:
+                d.shadowed = d.shadowed - {name}

@@ -1,9 +1,16 @@
 """Namespace changes of a ``--rw`` mount: mkdir, rmdir, unlink, symlink and rename.
 
 Each change is staged at once, as one atomic
-:meth:`~fabric.plane.dataplane.DataPlane.stage` call, under the mount's
-namespace lock; the cached listings (:mod:`fuse.namespace`) and the local
-tables (files being written, session times, kernel cache signatures) follow it.
+:meth:`~fabric.plane.dataplane.DataPlane.stage` call, holding the names it
+changes (``MountState.names``: the changed paths exclusively, their ancestors
+shared) across its network calls; the cached listings (:mod:`fuse.namespace`)
+and the local tables (files being written, session times, kernel cache
+signatures) follow it under the short table lock ``MountState.mu``. So a change
+waits only for changes of the same names, never for a round trip elsewhere.
+
+A directory that shadows a file or symlink of the same name
+(:mod:`fabric.format.namespace`) is removed or moved without touching the hidden
+entry, and no directory marker is written over it.
 """
 
 from __future__ import annotations
@@ -32,87 +39,99 @@ class NamespaceChanges:
         self.reads = reads
 
     def _keep_parent(self, p: str, changes: dict[str, Entry | None]) -> None:
-        """Removing ``p`` may empty an implicit parent directory: give it a marker so it stays."""
+        """Removing ``p`` may empty an implicit parent directory: give it a marker so it stays
+        (unless the parent shadows a file or symlink, which a marker would overwrite)."""
         st = self.state
         parent, _ = split(p)
         if parent and parent not in changes:
             pe = st.ns.lookup(parent)
             if st.ns.is_implicit(pe):
+                if st.ns.shadows(parent):
+                    st.ns.invalidate(split(parent)[0])  # the hidden entry may show again: list anew
+                    return
                 now = time.time_ns()
                 changes[parent] = Entry(DIR, 0, st.implicit.mode, now, uid=st.implicit.uid, gid=st.implicit.gid)
+
+    def _created(self, p: str, entry: Entry) -> None:
+        """Stage a new entry at ``p`` (its name held) and record it."""
+        st = self.state
+        st.stage({p: entry})
+        with st.mu:
+            st.times.pop(p, None)
+            st.bump_dir(split(p)[0], entry.mtime_ns)
 
     def mkdir(self, p: str, mode: int) -> None:
         st = self.state
         st.need_rw()
-        st.check_new(p)
-        uid, gid, mode = st.new_owner(p, mode & 0o7777, True)
-        now = time.time_ns()
-        with st.mu:
-            st.stage({p: Entry(DIR, 0, mode, now, uid=uid, gid=gid)})
+        with st.names.hold(p):
+            st.check_new(p)
+            uid, gid, mode = st.new_owner(p, mode & 0o7777, True)
+            self._created(p, Entry(DIR, 0, mode, time.time_ns(), uid=uid, gid=gid))
             st.ns.set_loaded(p, {})
-            st.times.pop(p, None)
-            st.bump_dir(split(p)[0], now)
+
+    def symlink(self, p: str, target: str) -> None:
+        st = self.state
+        st.need_rw()
+        try:
+            size = len(target.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise err(errno.EILSEQ) from None
+        with st.names.hold(p):
+            st.check_new(p)
+            uid, gid, _ = st.new_owner(p, 0o777, False)
+            self._created(p, Entry(SYMLINK, size, 0o777, time.time_ns(), uid=uid, gid=gid, target=target))
 
     def rmdir(self, p: str) -> None:
         st = self.state
         st.need_rw()
         if p == "":
             raise err(errno.EBUSY)
-        with st.mu:
+        with st.names.hold(p):
             e = st.ns.lookup(p)
             if e is None:
                 raise err(errno.ENOENT)
             if e.kind != DIR:
                 raise err(errno.ENOTDIR)
             st.ns.invalidate(p)
-            if st.ns.dir(p).children or any(w.startswith(p + "/") for w in st.files):
+            if st.ns.dir(p).children or any(w.startswith(p + "/") for w in list(st.files)):
                 raise err(errno.ENOTEMPTY)
-            changes: dict[str, Entry | None] = {p: None}
-            self._keep_parent(p, changes)
-            st.stage(changes)
-            st.times.pop(p, None)
-            st.bump_dir(split(p)[0])
+            changes: dict[str, Entry | None] = {}
+            if st.ns.shadows(p):
+                st.ns.invalidate(split(p)[0])  # nothing below it any more: the hidden entry shows
+            else:
+                changes[p] = None
+                self._keep_parent(p, changes)
+                st.stage(changes)
+            with st.mu:
+                st.times.pop(p, None)
+                st.bump_dir(split(p)[0])
 
     def unlink(self, p: str) -> None:
         st = self.state
         st.need_rw()
-        with st.mu:
-            wf = st.files.pop(p, None)
-            on_server = True
-            if wf is not None:
-                wf.unlinked = True
-                wf.path = None
-                on_server = wf.on_server
-            else:
+        with st.names.hold(p):
+            wf = st.files.get(p)
+            if wf is None:
                 e = st.ns.lookup(p)
                 if e is None:
                     raise err(errno.ENOENT)
                 if e.kind == DIR:
                     raise err(errno.EISDIR)
-            if on_server:
+            if wf is None or wf.on_server:
                 changes: dict[str, Entry | None] = {p: None}
                 self._keep_parent(p, changes)
                 st.stage(changes)
-            st.times.pop(p, None)
-            st.kernel_sig.pop(p, None)
-            st.bump_dir(split(p)[0])
+            with st.mu:
+                if wf is not None:
+                    if st.files.get(p) is wf:
+                        del st.files[p]
+                    wf.unlinked = True
+                    wf.path = None
+                st.times.pop(p, None)
+                st.kernel_sig.pop(p, None)
+                st.bump_dir(split(p)[0])
         if wf is not None:
             self.writes.maybe_drop(wf)
-
-    def symlink(self, p: str, target: str) -> None:
-        st = self.state
-        st.need_rw()
-        st.check_new(p)
-        uid, gid, _ = st.new_owner(p, 0o777, False)
-        now = time.time_ns()
-        try:
-            size = len(target.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise err(errno.EILSEQ) from None
-        with st.mu:
-            st.stage({p: Entry(SYMLINK, size, 0o777, now, uid=uid, gid=gid, target=target)})
-            st.times.pop(p, None)
-            st.bump_dir(split(p)[0], now)
 
     def rename(self, src: str, dst: str, flags: int = 0) -> None:
         st = self.state
@@ -122,11 +141,11 @@ class NamespaceChanges:
         check_path(dst)
         if src == dst:
             return
-        # Stage what is still local first (outside the namespace lock: uploads can be long).
+        # Stage what is still local first (before holding the names: uploads can be long).
         for wp, wf in list(st.files.items()):
             if wp == src or wp.startswith(src + "/"):
                 self.writes.sync(wf)
-        with st.mu:
+        with st.names.hold(src, dst):
             se = st.entry(src)
             if se is None:
                 raise err(errno.ENOENT)
@@ -140,14 +159,15 @@ class NamespaceChanges:
                     if de.kind != DIR:
                         raise err(errno.ENOTDIR)
                     st.ns.invalidate(dst)
-                    if st.ns.dir(dst).children or any(w.startswith(dst + "/") for w in st.files):
+                    if st.ns.dir(dst).children or any(w.startswith(dst + "/") for w in list(st.files)):
                         raise err(errno.ENOTEMPTY)
                 moved = self._walk_fresh(src)
                 for path, _ in moved:
                     changes[path] = None
                 for path, e in moved:
                     changes[dst + path[len(src) :]] = e
-                changes[src] = None
+                if not st.ns.shadows(src):
+                    changes[src] = None  # (a shadowed file or symlink stays where it is)
                 changes[dst] = None if st.ns.is_implicit(se) else se
                 if changes[dst] is None and not moved:
                     changes[dst] = Entry(DIR, 0, se.mode, se.mtime_ns, uid=se.uid, gid=se.gid)
@@ -161,16 +181,19 @@ class NamespaceChanges:
                 changes[dst] = fe
             self._keep_parent(src, changes)
             st.plane.stage(st.repo, st.branch, changes)
-            # Caches: listings below both names are stale; parents get the moved entries.
-            st.ns.invalidate_tree(src)
-            st.ns.invalidate_tree(dst)
-            for path, e in changes.items():
-                st.ns.update(path, e)
-            if se.kind == DIR and changes[dst] is None:
-                st.ns.update(dst, st.implicit)
-            self._move_local(src, dst, se.kind == DIR, now)
-            st.bump_dir(split(src)[0], now)
-            st.bump_dir(split(dst)[0], now)
+            with st.mu:
+                # Caches: listings below both names are stale; parents get the moved entries.
+                st.ns.invalidate_tree(src)
+                st.ns.invalidate_tree(dst)
+                for path, e in changes.items():
+                    st.ns.update(path, e)
+                if se.kind == DIR and changes[dst] is None:
+                    st.ns.update(dst, st.implicit)
+                if src not in changes:
+                    st.ns.invalidate(split(src)[0])  # the shadowed entry shows again
+                self._move_local(src, dst, se.kind == DIR, now)
+                st.bump_dir(split(src)[0], now)
+                st.bump_dir(split(dst)[0], now)
 
     def _walk_fresh(self, d: str) -> list[tuple[str, Entry]]:
         """Every entry below directory ``d`` as the branch has it now (the walk retried as a whole)."""

@@ -43,7 +43,7 @@ class ReadPath:
         cfg = state.cfg
         disk = chunk_disk_cache(cfg.cache_dir, cfg.cache_size) if cfg.cache_dir else None
         self.memory = BytesLRU(cfg.memory_cache)
-        self.fetcher = Fetcher(state.plane, self.memory, disk, cfg.fetch_workers)
+        self.fetcher = Fetcher(state.plane, self.memory, disk, cfg.fetch_workers, repo=state.repo)
         self.readers: OrderedDict[str, FileReader] = OrderedDict()
         self.readers_lock = threading.Lock()
         self.read_bytes = 0  # asked by the kernel (what its page cache lacked)
@@ -78,6 +78,8 @@ class ReadPath:
             st.ns.update(p, None)
             return None
         cached = st.ns.lookup(p)
+        if e.kind != DIR and (cached is None or cached.kind == DIR) and st.ns.has_below(st.branch, p):
+            return cached or st.implicit  # a directory of the same name shadows it
         if cached is None or content_sig(cached) != content_sig(e) or cached.mode != e.mode or cached.uid != e.uid:
             st.ns.update(p, e)
         return e

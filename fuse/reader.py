@@ -51,8 +51,12 @@ class Fetcher:
         memory: BytesLRU,
         disk: DiskCache | None = None,
         workers: int = 4,
+        repo: str | None = None,
     ) -> None:
+        """``repo``: the repository the chunks are read for (a token for some repositories
+        may fetch only their chunks)."""
         self.plane = plane
+        self.repo = repo
         self.memory = memory
         self.disk = disk
         self._inflight: dict[bytes, Future] = {}
@@ -141,7 +145,7 @@ class Fetcher:
             if not remaining:
                 return
             self.requests += 1
-            for cid, frame in plane.frames(remaining):
+            for cid, frame in plane.frames(remaining, repo=self.repo):
                 if cid in got or cid not in self._inflight:
                     continue
                 data = frames.decode(frame, cid)

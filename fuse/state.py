@@ -9,6 +9,12 @@ The tables (paths are repository paths, '' the root):
 - ``root``: the root directory's attributes (it has no entry).
 - ``kernel_sig``: the version of each file whose pages and size the kernel may cache.
 - ``handles``: the open file handles.
+
+Locking: ``mu`` guards these tables and is held only for short in-memory updates,
+never across a network call. A change of the namespace holds the names it changes
+in ``names`` (:class:`~fuse.pathlocks.PathLocks`) across its network calls, so it
+waits only for changes of the same names (or of a directory above them), never for
+a round trip elsewhere in the mount.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from fuse.config import MountConfig
 from fuse.errors import err
 from fuse.handles import Handles
 from fuse.namespace import Namespace, split
+from fuse.pathlocks import PathLocks
 from fuse.writer import WFile
 
 
@@ -49,15 +56,9 @@ class MountState:
         self.commit_id = commit_id
         mtime_ns = int(commit_time * 1e9)
         self.implicit = Entry(DIR, 0, DEFAULT_DIR_MODE, mtime_ns, uid=config.uid, gid=config.gid)
-        self.mu = threading.RLock()  # namespace changes of a --rw mount
-        self.ns = Namespace(
-            plane,
-            self.repo,
-            config.ref if branch else commit_id,
-            self.implicit,
-            None if self.immutable else config.attr_timeout,
-            self.mu if self.writable else None,
-        )
+        self.mu = threading.RLock()  # the tables below; never held across a network call
+        self.names = PathLocks()  # names being changed (held across network calls)
+        self.ns = Namespace(plane, self.repo, config.ref if branch else commit_id, self.implicit, None if self.immutable else config.attr_timeout)
         self.root: dict[str, Any] = {"mode": DEFAULT_DIR_MODE, "uid": config.uid, "gid": config.gid, "mtime": mtime_ns, "ctime": mtime_ns, "atime": mtime_ns}
         self.files: dict[str, WFile] = {}
         self.times: dict[str, dict[str, int]] = {}  # session-local atime/ctime (and directory mtime) overrides
@@ -76,10 +77,13 @@ class MountState:
         return self.ns.lookup(p)
 
     def stage(self, changes: dict[str, Entry | None]) -> None:
-        """Stage ``changes`` on the branch (one atomic call) and reflect them in the listings."""
+        """Stage ``changes`` on the branch (one atomic call) and reflect them in the listings.
+
+        The caller holds the changed paths in ``names``, not ``mu``."""
         self.plane.stage(self.repo, self.branch, changes)
-        for p, e in changes.items():
-            self.ns.update(p, e)
+        with self.mu:
+            for p, e in changes.items():
+                self.ns.update(p, e)
 
     def bump_dir(self, d: str, now: int | None = None) -> None:
         """An entry of directory ``d`` was created or removed: its mtime and ctime move (for the session)."""

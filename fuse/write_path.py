@@ -36,22 +36,23 @@ class WritePath:
     def wfile(self, p: str) -> WFile:
         """The local state of an existing file ``p``, created on first need."""
         st = self.state
-        with st.mu:
+        wf = st.files.get(p)
+        if wf is not None:
+            return wf
+        with st.names.hold(p):  # an unlink or rename of p waits (and so do we)
             wf = st.files.get(p)
             if wf is not None:
                 return wf
-        known = st.ns.lookup(p)
-        e = self.reads.fresh_file(p)
-        if known is not None and content_sig(known) != content_sig(e):
-            invalidate_path(p)  # changed elsewhere since the kernel saw it: its size is stale
-        if e.chunklist and not e.chunks:
-            e = st.plane.stat_chunks(st.repo, st.branch, p)
-        with st.mu:
-            wf = st.files.get(p)
-            if wf is None:
-                uid = e.uid if e.uid is not None else st.cfg.uid
-                gid = e.gid if e.gid is not None else st.cfg.gid
-                wf = WFile(p, e, self._write_dir(), e.mode, uid, gid)
+            known = st.ns.lookup(p)
+            e = self.reads.fresh_file(p)
+            if known is not None and content_sig(known) != content_sig(e):
+                invalidate_path(p)  # changed elsewhere since the kernel saw it: its size is stale
+            if e.chunklist and not e.chunks:
+                e = st.plane.stat_chunks(st.repo, st.branch, p)
+            uid = e.uid if e.uid is not None else st.cfg.uid
+            gid = e.gid if e.gid is not None else st.cfg.gid
+            wf = WFile(p, e, self._write_dir(), e.mode, uid, gid)
+            with st.mu:
                 t = st.times.pop(p, None)
                 if t:
                     wf.atime_ns = t.get("atime", wf.atime_ns)
@@ -93,15 +94,16 @@ class WritePath:
     def create(self, p: str, mode: int, fi: Any) -> None:
         st = self.state
         st.need_rw()
-        st.check_new(p)
-        uid, gid, mode = st.new_owner(p, mode & 0o7777, False)
-        with st.mu:
+        with st.names.hold(p):  # a second create of p waits, then finds it (EEXIST)
+            st.check_new(p)
+            uid, gid, mode = st.new_owner(p, mode & 0o7777, False)
             wf = WFile(p, None, self._write_dir(), mode, uid, gid)
             wf.opens += 1
-            st.files[p] = wf
-            st.times.pop(p, None)
-            st.kernel_sig.pop(p, None)
-            st.bump_dir(split(p)[0], wf.mtime_ns)
+            with st.mu:
+                st.files[p] = wf
+                st.times.pop(p, None)
+                st.kernel_sig.pop(p, None)
+                st.bump_dir(split(p)[0], wf.mtime_ns)
         fi.fh = st.handles.add(WHandle(wf, True))
         fi.keep_cache = 0
 
@@ -110,11 +112,12 @@ class WritePath:
         st.need_rw()
         if not S.S_ISREG(mode):
             raise err(errno.EPERM)  # devices, FIFOs and sockets are not stored
-        st.check_new(p)
-        uid, gid, mode = st.new_owner(p, mode & 0o7777, False)
-        wf = WFile(p, None, self._write_dir(), mode, uid, gid)
-        with st.mu:
-            st.files[p] = wf
+        with st.names.hold(p):
+            st.check_new(p)
+            uid, gid, mode = st.new_owner(p, mode & 0o7777, False)
+            wf = WFile(p, None, self._write_dir(), mode, uid, gid)
+            with st.mu:
+                st.files[p] = wf
         self.sync_and_forget(wf)
 
     # -- changing content --------------------------------------------------------------
@@ -198,18 +201,33 @@ class WritePath:
             def upload(plane: DataPlane) -> Entry:
                 if not content_changed:
                     return wf.attrs_entry()
-                sink = plane.chunk_sink()
+                sink = plane.chunk_sink(st.repo)
                 entry = wf.build_entry(sink)
                 sink.close()
                 return entry
 
             try:
                 entry = st.plane.retried(upload)
+                self._stage(wf, entry, gen, content_changed)
+            except Exception as exc:
+                wf.last_error = exc
+                raise
+            finally:
+                wf.syncing = 0
+
+    def _stage(self, wf: WFile, entry: Entry, gen: int, content_changed: bool) -> None:
+        """Stage ``entry`` at ``wf``'s current name (``wf.lock`` held), holding that name so that
+        an unlink or rename of it waits; nothing if the file was unlinked meanwhile."""
+        st = self.state
+        while True:
+            p = wf.path
+            if wf.unlinked or p is None:
+                return
+            with st.names.hold(p):
+                if wf.path != p or wf.unlinked:
+                    continue  # renamed (or unlinked) while we waited: look again
+                st.plane.stage(st.repo, st.branch, {p: entry})
                 with st.mu:
-                    if wf.unlinked or wf.path is None:
-                        return
-                    p = wf.path
-                    st.plane.stage(st.repo, st.branch, {p: entry})
                     wf.base = entry
                     wf.synced_generation = gen
                     if content_changed:
@@ -217,11 +235,7 @@ class WritePath:
                     wf.last_error = None
                     st.ns.update(p, entry)
                     st.kernel_sig[p] = content_sig(entry)
-            except Exception as exc:
-                wf.last_error = exc
-                raise
-            finally:
-                wf.syncing = 0
+                return
 
     def sync_and_forget(self, wf: WFile) -> None:
         """Stage a file no handle has open, then let its local state go (even if staging failed)."""

@@ -72,6 +72,8 @@ def hub(
     """
     import uvicorn
 
+    from fabric.api.serving import serve_together
+
     from .app import create_app
 
     if bool(tls_cert) != bool(tls_key):
@@ -102,9 +104,9 @@ def hub(
         app, host=host, port=port, log_level=log_level, ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_keep_alive=30
     )
     if s3_addr is None:
-        uvicorn.Server(config).run()
+        serve_together([config])
         return
-    from fabric.api.s3.serve import s3_uvicorn_config, serve_together
+    from fabric.api.s3.serve import s3_uvicorn_config
 
     from .s3 import create_s3_app
 

@@ -5,18 +5,22 @@ from __future__ import annotations
 import os
 
 from fabric.api.s3 import S3Gateway
+from fabric.api.s3.auth import SecretCredentials
 from fabric.auth.tokens import TokenStore
 from fabric.engine.engine import Engine
+
+from .owners import OwningPlane
 
 
 def create_s3_app(
     engine: Engine, tokens: TokenStore, data_dir: str, auth: bool = True, autocommit: float | None = None,
     access_log: bool = True,
 ) -> S3Gateway:
-    """The hub's S3 gateway; multipart state goes to ``DATA/s3/``."""
+    """The hub's S3 gateway; multipart state goes to ``DATA/s3/``. Buckets created over S3
+    belong to the token that created them."""
     return S3Gateway(
-        engine,
-        tokens.s3_principal if auth else None,
+        OwningPlane(engine, tokens),
+        SecretCredentials(tokens.s3_principal) if auth else None,
         state_dir=os.path.join(data_dir, "s3"),
         autocommit=autocommit,
         access_log_enabled=access_log,

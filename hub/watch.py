@@ -8,6 +8,11 @@ tells a subscriber the stream is alive. Resume after a disconnect by passing
 the last ``seq`` seen. Events come from the catalog, so every hub replica on
 one PostgreSQL serves the same stream.
 
+The caller's token is checked again every few seconds while the stream is open:
+a revoked token (or one that lost its role on ``repo``) gets one
+``{"type": "error", "code", "message"}`` line and the stream ends; a token whose
+roles changed sees events of the repositories it may read now.
+
 The catalog keeps a bounded history of events (see :mod:`fabric.catalog.catalog`).
 A subscriber that resumes from a ``seq`` older than what is kept, or falls that
 far behind, gets one ``{"type": "resync", "seq": N}`` line and the stream ends:
@@ -23,14 +28,17 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
 from fabric.auth.principal import Principal
 from fabric.catalog import Catalog
+from fabric.errors import Forbidden, Unauthorized
 
 POLL_SECONDS = 0.1
 HEARTBEAT_SECONDS = 5.0
+#: How often an open stream checks its caller's token again.
+REAUTH_SECONDS = 2.0
 
 
 def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> APIRouter:
@@ -39,6 +47,7 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> AP
 
     @router.get("/watch", response_class=StreamingResponse, responses={200: {"content": {"application/x-ndjson": {}}}})
     def watch(
+        request: Request,
         who: Caller,
         since: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="last seq seen; omit to start from now")] = None,
         repo: str | None = None,
@@ -51,13 +60,28 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> AP
         if repo is not None:
             who.require(repo, "read")
 
+        async def current_caller() -> Principal:
+            caller = await anyio.to_thread.run_sync(authenticate, request)
+            if repo is not None:
+                caller.require(repo, "read")
+            return caller
+
         async def lines() -> AsyncIterator[bytes]:
+            caller = who
+            checked = time.monotonic()
             seq = since
             if seq is None:
                 seq = await anyio.to_thread.run_sync(catalog.last_event_seq)
                 yield _line({"type": "heartbeat", "seq": seq})
             last_sent = time.monotonic()
             while True:
+                if time.monotonic() - checked > REAUTH_SECONDS:
+                    try:
+                        caller = await current_caller()
+                    except (Unauthorized, Forbidden) as exc:
+                        yield _line({"type": "error", "code": exc.code, "message": exc.message})
+                        return
+                    checked = time.monotonic()
                 events = await anyio.to_thread.run_sync(functools.partial(catalog.events_after, seq, repo))
                 if events and events[0][0] > seq + 1 and await _missed(catalog, seq):
                     # A gap: events after ``seq`` may have been pruned (sequences have gaps of their own).
@@ -65,7 +89,7 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> AP
                     return
                 for s, r, kind, name, old, new, when in events:
                     seq = s
-                    if who.can(r, "read"):
+                    if caller.can(r, "read"):
                         yield _line({"seq": s, "repo": r, "kind": kind, "name": name, "old": old, "new": new, "time": when})
                         last_sent = time.monotonic()
                 if once:

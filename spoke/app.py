@@ -6,21 +6,25 @@ from fastapi import FastAPI
 
 from fabric.api.auth_http import token_authenticator
 from fabric.api.service import service_app
+from fabric.plane.dataplane import DataPlane
 
 from .auth import SpokeAuth
 from .plane import SpokePlane
 from .writeback_api import writeback_router
 
 
-def create_app(plane: SpokePlane, auth: SpokeAuth | None) -> FastAPI:
+def create_app(plane: SpokePlane, auth: SpokeAuth | None, served: DataPlane | None = None) -> FastAPI:
     """The spoke's ASGI app; ``auth=None`` lets every request act as admin (loopback demos).
 
-    Its ``/metrics`` also shows the spoke's calls to its hub (``plane.upstream_metrics``)."""
+    The REST API serves ``served`` (default: ``plane``; the spoke passes it wrapped in
+    :class:`~spoke.owners.CreatorAware`). Its ``/metrics`` also shows the spoke's calls to
+    its hub (``plane.upstream_metrics``)."""
+    rest_plane = served or plane
     authenticate = token_authenticator(auth.authenticate if auth else None)
     app = service_app(
         "spoke",
         "A fabric spoke: the hub's REST API v1, served from a regional cache.",
-        lambda: plane,
+        lambda: rest_plane,
         authenticate,
         "fabric_spoke",
         plane.stats,

@@ -45,8 +45,7 @@ class SpokeAuth:
         self._lock = threading.Lock()
         # Verdicts from before a restart are expired: used only while the hub is away.
         self._seen: dict[str, tuple[float, Principal | None]] = {
-            h: (float("-inf"), Principal(p["token_id"], p["name"], p["admin"], p["roles"]))
-            for h, p in state.tokens().items()
+            h: (float("-inf"), Principal.from_dict(p)) for h, p in state.tokens().items()
         }
 
     def authenticate(self, token: str) -> Principal:
@@ -70,7 +69,7 @@ class SpokeAuth:
         else:
             raise_for_error(response)
             d = response.json()
-            principal = Principal(d["token_id"], d["name"], d["admin"], d["roles"])
+            principal = Principal.from_dict(d)
         if hit is None or hit[1] != principal:
             self.state.save_token(key, principal.describe() if principal else None)
         with self._lock:
@@ -78,6 +77,14 @@ class SpokeAuth:
                 self._seen.clear()
             self._seen[key] = (now, principal)
         return _verdict(principal)
+
+    def forget(self, token_id: str) -> None:
+        """Ask the hub again about ``token_id`` next time (its roles just changed: it created a
+        repository); the old verdict stays for while the hub is away."""
+        with self._lock:
+            for key, (_, principal) in list(self._seen.items()):
+                if principal is not None and principal.token_id == token_id:
+                    self._seen[key] = (float("-inf"), principal)
 
 
 def _verdict(principal: Principal | None) -> Principal:

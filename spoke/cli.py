@@ -32,8 +32,8 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.option("--cache", "cache_dir", required=True, metavar="DIR", help="Cache directory (survives restarts).")
 @click.option("--cache-size", required=True, metavar="SIZE", help="Cache budget, never exceeded: e.g. 50G, 512MiB.")
 @click.option("--listen", default="127.0.0.1:8700", show_default=True, metavar="HOST:PORT", help="REST API address.")
-@click.option("--s3-listen", metavar="HOST:PORT", help="Also serve the S3 API on this address (the spoke's --token must then be a global admin token: it fetches S3 key secrets from the hub).")
-@click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="The spoke's own token at the hub (needs read, and write to accept writes). Env: FABRIC_TOKEN.")
+@click.option("--s3-listen", metavar="HOST:PORT", help="Also serve the S3 API on this address. The spoke verifies S3 signatures with signing keys from the hub: its --token needs the spoke right (`fabric token create --spoke`); S3 users are served only within that token's roles.")
+@click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="The spoke's own token at the hub: create it with `fabric token create --spoke --repo '*' --role write` (read is enough for a read-only spoke; a global admin token works too, but a spoke then holds the keys to the whole hub). Env: FABRIC_TOKEN.")
 @click.option("--lease", type=float, default=10.0, show_default=True, metavar="SECONDS", help="How stale a branch head may be when the hub's watch stream is down.")
 @click.option("--durability", type=click.Choice(["hub", "local"]), default="hub", show_default=True, help="Default for writes: hub = stored at the hub before success; local = queued on this spoke's disk, pushed when the hub is reachable.")
 @click.option(
@@ -46,6 +46,8 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
     "merges, uploads). Defaults: connect 5, read 10, write 60, pool 10, slow 300.",
 )
 @click.option("--no-auth", is_flag=True, help="Accept unauthenticated requests as admin (only for local demos).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve HTTPS (REST and S3) with this certificate (PEM).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Private key for --tls-cert (PEM).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True)
 @handle_errors
 def spoke(
@@ -59,6 +61,8 @@ def spoke(
     durability: str,
     hub_timeouts: Timeouts,
     no_auth: bool,
+    tls_cert: str | None,
+    tls_key: str | None,
     log_level: str,
 ) -> None:
     """Run a spoke: the hub's API next to the GPUs, served from a local cache.
@@ -70,13 +74,18 @@ def spoke(
     """
     import uvicorn
 
+    from fabric.api.serving import serve_together
     from fabric.client.breaker import BreakerTransport
 
     from .app import create_app
     from .auth import SpokeAuth
+    from .owners import CreatorAware
     from .plane import SpokePlane
+    from .s3 import SpokeKeys, create_s3_app
     from .traffic import CountingTransport
 
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     host, port = parse_listen(listen)
@@ -85,24 +94,28 @@ def spoke(
     plane = SpokePlane(
         hub_url, token, cache_dir, parse_size(cache_size), lease=lease, durability=durability, hub_timeouts=hub_timeouts
     )
-    auth = None
+    auth = keys = None
     if not no_auth:
         hub_transport = BreakerTransport(plane.breaker, CountingTransport(plane.traffic))
         auth = SpokeAuth(hub_url, plane.traffic, plane.state, transport=hub_transport, timeout=hub_timeouts.as_httpx())
+        keys = SpokeKeys(plane) if s3_listen else None
+    # What the frontends serve: a caller that creates a repository is checked with the hub again.
+    served = CreatorAware(plane, [x.forget for x in (auth, keys) if x is not None])
     log.info("spoke of %s: cache %s (%s), durability %s", hub_url, cache_dir, cache_size, durability)
-    app = create_app(plane, auth)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)
+    app = create_app(plane, auth, served)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_keep_alive=30
+    )
     try:
         if not s3_listen:
-            uvicorn.Server(config).run()
+            serve_together([config])
             return
-        from fabric.api.s3.serve import s3_uvicorn_config, serve_together
-
-        from .s3 import create_s3_app
+        from fabric.api.s3.serve import s3_uvicorn_config
 
         s3_host, s3_port = parse_listen(s3_listen)
-        gateway = create_s3_app(plane, cache_dir, auth=not no_auth, access_log=log_level in ("debug", "info"))
-        log.info("S3 API on http://%s:%d", s3_host, s3_port)
-        serve_together([config, s3_uvicorn_config(gateway, s3_host, s3_port, log_level)])
+        gateway = create_s3_app(served, cache_dir, keys, access_log=log_level in ("debug", "info"))
+        log.info("S3 API on %s://%s:%d", "https" if tls_cert else "http", s3_host, s3_port)
+        s3_config = s3_uvicorn_config(gateway, s3_host, s3_port, log_level, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
+        serve_together([config, s3_config])
     finally:
         plane.close()

@@ -27,6 +27,9 @@ from .traffic import DEMAND, PREFETCH, Traffic
 DEMAND_PRIORITY, HINT, READAHEAD, BACKGROUND = 0, 1, 2, 3
 #: Marks an id a worker is fetching now (never queued again meanwhile).
 IN_FLIGHT = -1
+#: Ids of a frames request served from the cache at a time (:meth:`FetchScheduler.frames_for`):
+#: at most 32 x 256 KiB of fetched chunks are held for the window being fetched ahead.
+SERVE_WINDOW = 32
 
 FetchFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes]]]
 
@@ -93,16 +96,41 @@ class FetchScheduler:
                 self._request(cid, priority)
 
     def frames_for(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
-        """``(id, frame)`` for each id from the cache, fetched on a miss (to serve other clients)."""
-        self.read(ids)
-        for cid in ids:
-            frame = self.cache.get(cid)
-            if frame is None:  # evicted between read and here: fetch it again
-                self.read([cid])
+        """``(id, frame)`` for each id from the cache, fetched on a miss (to serve other clients).
+
+        Works through ``ids`` :data:`SERVE_WINDOW` at a time, fetching the next window while
+        this one is sent; frames are read back from the disk cache one at a time, so what a
+        request holds is bounded by the window, not by the number of ids asked. A failed
+        fetch in the first window (an unknown id: NotFound) is raised by the first ``next``,
+        before any record; one in a later window ends the stream early."""
+        ids = list(ids)
+        windows = [ids[i : i + SERVE_WINDOW] for i in range(0, len(ids), SERVE_WINDOW)]
+        ahead = self._fetch_missing(windows[0]) if windows else {}
+        for k, window in enumerate(windows):
+            fetched = ahead
+            ahead = self._fetch_missing(windows[k + 1]) if k + 1 < len(windows) else {}
+            for fut in fetched.values():
+                fut.result()  # raises the fetch's error; the decoded bytes are not kept
+            for cid in window:
+                corruptions = self.cache.corruptions
                 frame = self.cache.get(cid)
-            if frame is None:
-                raise NotFound(f"chunk {cid.hex()} could not be kept in the cache")
-            yield cid, frame
+                if frame is None:  # evicted (or found corrupt, and dropped) since: fetch it again
+                    if self.cache.corruptions != corruptions:
+                        self.refetched += 1
+                    self._request(cid, DEMAND_PRIORITY).result()
+                    frame = self.cache.get(cid)
+                if frame is None:
+                    raise NotFound(f"chunk {cid.hex()} could not be kept in the cache")
+                if cid in fetched:
+                    self.miss_bytes += frames.raw_length(frame)
+                else:
+                    self.hit_bytes += frames.raw_length(frame)
+                yield cid, frame
+            fetched.clear()
+
+    def _fetch_missing(self, ids: Sequence[bytes]) -> dict[bytes, Future]:
+        """Queue (as demand) the ids the cache lacks; their futures by id."""
+        return {cid: self._request(cid, DEMAND_PRIORITY) for cid in dict.fromkeys(ids) if cid not in self.cache}
 
     # -- internals -----------------------------------------------------------
     def _request(self, cid: bytes, priority: int) -> Future:

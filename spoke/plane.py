@@ -39,6 +39,7 @@ from fabric.util.progress import Progress
 from .coherence import RefTracker, StagingCache
 from .fetch import READAHEAD, FetchScheduler
 from .metacache import SpokeMetaStore
+from .ownership import ChunkOwnership
 from .remember import Remembered
 from .state import SpokeState
 from .traffic import PUSH, CountingTransport, Traffic
@@ -128,6 +129,7 @@ class SpokePlane(DataPlane):
         self.state = SpokeState(cache_dir)
         self.tracker = RefTracker(self.upstream, self.traffic, self.state, lease)
         self.staging = StagingCache(self.upstream, self.tracker, self.traffic)
+        self.ownership = ChunkOwnership(lambda repo, ids: self.upstream.missing_chunks(ids, HUB, repo=repo))
         self.durability = durability
         self._answers = Remembered(ANSWER_TTL)
         self._lock = threading.Lock()
@@ -187,8 +189,9 @@ class SpokePlane(DataPlane):
         return self.view(repo, ref)[1]
 
     # -- repositories --------------------------------------------------------
-    def create_repo(self, name: str, default_branch: str = "main") -> dict:
-        info = self.upstream.create_repo(name, default_branch)
+    def create_repo(self, name: str, default_branch: str = "main", owner: str | None = None) -> dict:
+        """``owner``: the caller's token id, forwarded to the hub (which makes the caller own it)."""
+        info = self.upstream.create_repo(name, default_branch, owner=owner)
         self._answers.forget(("repos",))
         return info
 
@@ -321,7 +324,9 @@ class SpokePlane(DataPlane):
     def stat_chunks(self, repo: str, ref: str, path: str) -> Entry:
         entry = self.stat(repo, ref, path)
         if entry.chunklist:
-            return entry.with_(chunks=self.reader.chunk_list(entry), chunklist=None)
+            entry = entry.with_(chunks=self.reader.chunk_list(entry), chunklist=None)
+        if entry.kind == FILE:  # a file of repo uses chunks of repo: its reader will fetch them
+            self.ownership.learn(repo, (cid for cid, _ in entry.chunks))
         return entry
 
     def list(self, repo: str, ref: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> Listing:
@@ -365,7 +370,7 @@ class SpokePlane(DataPlane):
         check_path(path)
         if self._durability(durability) == LOCAL:
             self._require_branch(repo, branch)
-            sink = PackSession(lambda ids: list(ids), self._pin_pack, UPLOAD_PACK_SIZE)
+            sink = PackSession(lambda ids: list(ids), lambda b: self._pin_pack(repo, b), UPLOAD_PACK_SIZE)
             chunks, md5 = ingest_stream(stream, sink)
             sink.close()
             entry = file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
@@ -373,7 +378,7 @@ class SpokePlane(DataPlane):
             return entry
         try:
             with self.traffic.purpose(PUSH):
-                sink = self.chunk_sink()
+                sink = self.chunk_sink(repo)
                 chunks, md5 = ingest_stream(stream, sink)
                 sink.close()
                 entry = file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
@@ -391,19 +396,23 @@ class SpokePlane(DataPlane):
         if commit is None:
             raise NotFound(f"branch {branch!r} does not exist in repository {repo!r}")
 
-    def _pin_pack(self, builder: packs.PackBuilder) -> None:
-        self._pin_frames(builder.finish(), builder.chunks)
+    def _pin_pack(self, repo: str, builder: packs.PackBuilder) -> None:
+        self._pin_frames(repo, builder.finish(), builder.chunks)
 
-    def _pin_frames(self, pack: bytes, chunks: Sequence[packs.PackedChunk]) -> int:
-        """Keep a pack's frames pinned (and on disk for good) in the cache until the queued
-        writes that use them reach the hub, and start sending them there; how many were new here."""
+    def _pin_frames(self, repo: str, pack: bytes, chunks: Sequence[packs.PackedChunk]) -> int:
+        """Keep a pack's frames (chunks of ``repo``) pinned (and on disk for good) in the cache
+        until the queued writes that use them reach the hub, and start sending them there;
+        how many were new here."""
         new = self.chunk_cache.put_pinned((c.id, pack[c.offset : c.offset + c.length]) for c in chunks)
-        self.writeback.send_early([c.id for c in chunks])
+        self.ownership.learn(repo, (c.id for c in chunks))
+        self.writeback.send_early(repo, [c.id for c in chunks])
         return new
 
-    def _cache_pack(self, builder: packs.PackBuilder) -> None:
+    def _cache_pack(self, repo: str | None, builder: packs.PackBuilder) -> None:
         data = builder.finish()
-        self.upstream.receive_pack(data)
+        self.upstream.receive_pack(data, repo=repo)
+        if repo is not None:
+            self.ownership.learn(repo, (c.id for c in builder.chunks))
         for c in builder.chunks:
             self.chunk_cache.put(c.id, data[c.offset : c.offset + c.length])
 
@@ -424,25 +433,30 @@ class SpokePlane(DataPlane):
     def _hold_chunks(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
         """Pin the chunks that queued entries need until they reach the hub.
 
-        A chunk is either in this cache (uploaded here, or fetched from the hub), or
-        already used at one of the paths changed (a chmod, a rename), or the hub must
-        say it has it. BadRequest when nobody has it (the write would be lost), and
-        then nothing is pinned."""
+        A chunk must be a chunk of ``repo``: known here as one and in this cache
+        (uploaded here for ``repo``), or already used at one of the paths changed (a
+        chmod, a rename), or the hub must say it has it for ``repo``. BadRequest when
+        nobody has it (the write would be lost), and then nothing is pinned."""
         needed = {cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks}
-        unknown = [cid for cid in needed if cid not in self.chunk_cache]
+        foreign = set(self.ownership.unknown(repo, needed))
+        unknown = [cid for cid in needed if cid in foreign or cid not in self.chunk_cache]
         if unknown:
             in_use = self._chunks_at(repo, branch, changes)
             unknown = [cid for cid in unknown if cid not in in_use]
         if unknown:
             try:
-                lost = self.upstream.missing_chunks(unknown, HUB)
+                lost = self.upstream.missing_chunks(unknown, HUB, repo=repo)
             except Unavailable as exc:
                 raise Unavailable(
                     f"{len(unknown)} chunk(s) of this write are neither in the spoke's cache nor known to be at the hub, "
                     f"which cannot be asked now ({exc.message}); upload them to the spoke first"
                 ) from exc
             if lost:
-                raise BadRequest(f"chunk {lost[0].hex()} ({len(lost)} in all) is not stored: upload it before staging entries that use it")
+                raise BadRequest(
+                    f"chunk {lost[0].hex()} ({len(lost)} in all) is not stored for repository {repo!r}: "
+                    "upload it before staging entries that use it"
+                )
+            self.ownership.learn(repo, unknown)
         for cid in needed:
             self.chunk_cache.pin(cid)  # one evicted meanwhile was at the hub (only pinned blobs are not)
 
@@ -473,23 +487,41 @@ class SpokePlane(DataPlane):
         self.staging.invalidate(repo, branch)
 
     # -- chunk exchange ------------------------------------------------------
-    def missing_chunks(self, ids: Sequence[bytes], durability: str | None = None) -> list[bytes]:
+    def missing_chunks(
+        self, ids: Sequence[bytes], durability: str | None = None, repo: str | None = None
+    ) -> list[bytes]:
         if self._durability(durability) == LOCAL:
-            return [cid for cid in dict.fromkeys(ids) if cid not in self.chunk_cache]
-        return self.upstream.missing_chunks(ids, HUB)
+            foreign = set(self.ownership.unknown(repo, ids)) if repo is not None else set()
+            return [cid for cid in dict.fromkeys(ids) if cid in foreign or cid not in self.chunk_cache]
+        return self.upstream.missing_chunks(ids, HUB, repo=repo)
 
-    def receive_pack(self, data: bytes, durability: str | None = None) -> tuple[int, int]:
+    def receive_pack(self, data: bytes, durability: str | None = None, repo: str | None = None) -> tuple[int, int]:
         if self._durability(durability) == LOCAL:
+            if repo is None:
+                raise BadRequest("a pack kept at the spoke (durability 'local') must name its repository (?repo=)")
             chunks = packs.verify_pack(data)  # whole, before anything is kept
-            return len(chunks), self._pin_frames(data, chunks)
-        return self.upstream.receive_pack(data, HUB)
+            return len(chunks), self._pin_frames(repo, data, chunks)
+        result = self.upstream.receive_pack(data, HUB, repo=repo)
+        if repo is not None:
+            self.ownership.learn(repo, (c.id for c in packs.parse_index(data)))  # the hub verified it
+        return result
 
-    def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
+    def frames(self, ids: Sequence[bytes], repo: str | None = None) -> Iterator[tuple[bytes, bytes]]:
+        if repo is not None:
+            self.ownership.require(repo, ids)
         return self.fetcher.frames_for(list(ids))
 
-    def chunk_sink(self) -> PackSession:
-        """New chunks go to the hub (only those it lacks) and into this spoke's cache."""
-        return PackSession(self.upstream.missing_chunks, self._cache_pack, UPLOAD_PACK_SIZE)
+    def share_chunks(self, source_repo: str, repo: str, ids: Sequence[bytes]) -> None:
+        self.upstream.share_chunks(source_repo, repo, ids)
+        self.ownership.learn(repo, ids)
+
+    def chunk_sink(self, repo: str | None = None) -> PackSession:
+        """New chunks go to the hub (only those it lacks, for ``repo``) and into this spoke's cache."""
+        return PackSession(
+            lambda ids: self.upstream.missing_chunks(ids, repo=repo),
+            lambda b: self._cache_pack(repo, b),
+            UPLOAD_PACK_SIZE,
+        )
 
     def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
         self.meta.prefetch(b"", [oid for oid in ids])
@@ -511,8 +543,11 @@ class SpokePlane(DataPlane):
     def get_bucket(self, name: str) -> dict:
         return self._answers.get(("bucket", name), lambda: self.upstream.get_bucket(name))
 
-    def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> dict:
-        info = self.upstream.create_bucket(name, repo, ref, created_by_s3)
+    def create_bucket(
+        self, name: str, repo: str, ref: str, created_by_s3: bool = False, owner: str | None = None
+    ) -> dict:
+        """``owner``: the caller's token id, forwarded to the hub (which checks the caller's role)."""
+        info = self.upstream.create_bucket(name, repo, ref, created_by_s3, owner=owner)
         self._answers.forget(("bucket", name))
         return info
 

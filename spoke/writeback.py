@@ -8,7 +8,7 @@ uploads one pack of those frames, stages the entries, then deletes the rows
 and unpins the frames. Until a write lands, reads of its branch at this spoke
 see it.
 
-Errors (see :mod:`spoke.hubstage`): a transient one (hub away, 5xx, timeout)
+Errors (see :mod:`spoke.hub_errors`): a transient one (hub away, 5xx, timeout)
 is retried with backoff for that branch only; a permanent one (branch or
 repository gone, token may not write, bad request) *parks* the batch: its rows
 stay in the queue with the error, shown by ``stats()`` (``writeback_parked``)
@@ -48,7 +48,7 @@ from fabric.format import packs
 from fabric.format.model import FILE, Entry
 from fabric.util import sqlite
 
-from .hubstage import is_permanent, never_sent, stage_unless_newer
+from .hub_errors import is_permanent, never_sent
 from .traffic import PUSH, Traffic
 
 log = logging.getLogger("fabric.spoke")
@@ -89,7 +89,7 @@ class WriteBack:
         self._parked = self._db.execute("SELECT COUNT(*) FROM ops WHERE parked IS NOT NULL").fetchone()[0]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._early: collections.deque[bytes] = collections.deque()
+        self._early: collections.deque[tuple[str, bytes]] = collections.deque()  # (repo, chunk id)
         self._holds: collections.deque[tuple[float, list[bytes]]] = collections.deque()  # (ends, chunks), in time order
         self._retry_at: dict[Branch | None, tuple[float, float]] = {}  # branch (None: early chunks) -> (when, backoff)
         self.early_sent = 0
@@ -136,13 +136,13 @@ class WriteBack:
             self._queued += len(rows)
             self._wake.notify_all()
 
-    def send_early(self, ids: Sequence[bytes]) -> None:
-        """Push these just uploaded, pinned chunks to the hub as soon as it can take them,
-        before any entry that uses them is queued (best effort: one that is gone from the
-        cache is skipped), and hold their pins for ``upload_hold`` seconds."""
+    def send_early(self, repo: str, ids: Sequence[bytes]) -> None:
+        """Push these just uploaded, pinned chunks of ``repo`` to the hub as soon as it can
+        take them, before any entry that uses them is queued (best effort: one that is gone
+        from the cache is skipped), and hold their pins for ``upload_hold`` seconds."""
         ends = time.monotonic() + self.upload_hold
         with self._wake:
-            self._early.extend(ids)
+            self._early.extend((repo, cid) for cid in ids)
             self._holds.append((ends, list(ids)))
             self._wake.notify_all()
 
@@ -320,7 +320,7 @@ class WriteBack:
             ids = [r[0] for r in rows]
             try:
                 with self.traffic.purpose(PUSH):
-                    self._push_chunks(chunk_ids)
+                    self._push_chunks(repo, chunk_ids)
                     seq, skipped = self._stage(repo, branch, changes, ids, tried)
             except FabricError as exc:
                 if is_permanent(exc):
@@ -350,7 +350,8 @@ class WriteBack:
         """Stage a batch: a replay (``tried`` set) conditionally, a first try after recording
         the branch's staging seq and head at the hub in its rows."""
         if tried is not None:
-            return stage_unless_newer(self.upstream, repo, branch, changes, tried)
+            seq, head = tried.split()
+            return self.upstream.stage_unless_newer(repo, branch, changes, int(seq), head)
         head, seq, _ = self.upstream.staging_snapshot(repo, branch, _NO_ENTRIES)
         self._set_tried(ids, f"{seq} {head}")
         try:
@@ -401,9 +402,12 @@ class WriteBack:
             batch = [self._early[i] for i in range(min(EARLY_BATCH, len(self._early)))]
         if not batch:
             return
+        by_repo: dict[str, list[bytes]] = {}
+        for repo, cid in batch:
+            by_repo.setdefault(repo, []).append(cid)
         try:
             with self.traffic.purpose(PUSH):
-                sent = self._push_chunks(batch, skip_absent=True)
+                sent = sum(self._push_chunks(repo, ids, skip_absent=True) for repo, ids in by_repo.items())
         except FabricError as exc:
             if is_permanent(exc):  # best effort: their entries, when queued, push them again
                 log.warning("write-back: %d chunk(s) not sent on early: %s", len(batch), exc.message)
@@ -416,11 +420,12 @@ class WriteBack:
                 self._early.popleft()
         self.early_sent += sent
 
-    def _push_chunks(self, ids: list[bytes], skip_absent: bool = False) -> int:
-        """Upload the chunks of ``ids`` the hub lacks, from the cache; how many were sent."""
+    def _push_chunks(self, repo: str, ids: list[bytes], skip_absent: bool = False) -> int:
+        """Upload the chunks of ``ids`` the hub lacks as chunks of ``repo``, from the cache;
+        how many were sent."""
         builder = packs.PackBuilder()
         sent = 0
-        for cid in self.upstream.missing_chunks(ids) if ids else []:
+        for cid in self.upstream.missing_chunks(ids, repo=repo) if ids else []:
             frame = self.cache.get(cid)
             if frame is None and skip_absent:
                 continue
@@ -429,10 +434,10 @@ class WriteBack:
             sent += 1
             builder.add(cid, frame)
             if builder.size >= packs.TARGET_SIZE // 2:
-                self.upstream.receive_pack(builder.finish())
+                self.upstream.receive_pack(builder.finish(), repo=repo)
                 builder = packs.PackBuilder()
         if len(builder):
-            self.upstream.receive_pack(builder.finish())
+            self.upstream.receive_pack(builder.finish(), repo=repo)
         return sent
 
 

@@ -10,6 +10,7 @@ import anyio
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 
+from fabric.api.routing import BoundedJsonRoute
 from fabric.auth.principal import Principal
 
 from .writeback import WriteBack
@@ -33,7 +34,7 @@ class Moved(BaseModel):
 
 
 def writeback_router(writeback: WriteBack, authenticate: Callable[..., Principal]) -> APIRouter:
-    router = APIRouter(prefix="/api/v1/writeback", tags=["writeback"])
+    router = APIRouter(prefix="/api/v1/writeback", tags=["writeback"], route_class=BoundedJsonRoute)
     Caller = Annotated[Principal, Depends(authenticate)]
 
     @router.get("/parked", response_model=list[ParkedWrite])

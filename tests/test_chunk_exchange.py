@@ -84,7 +84,7 @@ def test_missing_rejects_bad_ids(c: httpx.Client):
     expect_error(c.post(f"{API}/chunks/missing", json={"ids": ["ab" * 16]}), 400, "32 bytes")
     expect_error(c.post(f"{API}/chunks/missing", json={"ids": "ab"}), 400, "ids")
     expect_error(c.post(f"{API}/chunks/missing", json={}), 400, "ids")
-    expect_error(c.post(f"{API}/chunks/missing", json={"ids": ["00" * 32] * 100_001}), 400, "too many", "100001")
+    expect_error(c.post(f"{API}/chunks/missing", json={"ids": ["00" * 32] * 100_001}), 413, "limit")
 
 
 # -- /chunks/packs ---------------------------------------------------------------------
@@ -233,7 +233,7 @@ def test_stage_entries_referencing_absent_chunks_is_400(c: httpx.Client):
     repo = unique_name("stage")
     c.post(f"{API}/repos", json={"name": repo}).raise_for_status()
     data, ids = build_pack(raw_chunks(2))
-    c.post(f"{API}/chunks/packs", content=data).raise_for_status()
+    c.post(f"{API}/chunks/packs", content=data, params={"repo": repo}).raise_for_status()
     absent_raw = os.urandom(5000)
     absent = chunking.chunk_id(absent_raw)
 
@@ -249,8 +249,12 @@ def test_stage_entries_referencing_absent_chunks_is_400(c: httpx.Client):
     assert c.get(f"{API}/repos/{repo}/branches/main/changes").json()["changes"] == []
     body = msgpack.packb({"changes": {"bad": bad}, "message": "m"}, use_bin_type=True)
     expect_error(c.post(f"{API}/repos/{repo}/branches/main/commit-changes", content=body), 400, absent.hex())
-    # With its chunk uploaded, the same entry is accepted.
+    # Uploaded for no repository (or another one), the chunk is still not this repository's.
     c.post(f"{API}/chunks/packs", content=build_pack([absent_raw])[0]).raise_for_status()
+    body = msgpack.packb({"changes": {"bad": bad}}, use_bin_type=True)
+    expect_error(c.post(f"{API}/repos/{repo}/branches/main/entries", content=body, headers={"Content-Type": "application/msgpack"}), 400, absent.hex())
+    # With its chunk uploaded for the repository, the same entry is accepted.
+    c.post(f"{API}/chunks/packs", content=build_pack([absent_raw])[0], params={"repo": repo}).raise_for_status()
     body = msgpack.packb({"changes": {"good": ok, "bad": bad}}, use_bin_type=True)
     assert c.post(f"{API}/repos/{repo}/branches/main/entries", content=body).status_code == 204
     assert len(c.get(f"{API}/repos/{repo}/branches/main/changes").json()["changes"]) == 2

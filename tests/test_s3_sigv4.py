@@ -46,10 +46,13 @@ def aws_example(signature: str = SEED) -> sigv4.SignedRequest:
 NOW = 1369353600.0  # 2013-05-24T00:00:00Z
 
 
-def lookup(key: str) -> tuple[str, str]:
+def secrets(key: str) -> tuple[str, str]:
     if key != "AKIAIOSFODNN7EXAMPLE":
         raise KeyError(key)
     return "principal", SECRET
+
+
+lookup = sigv4.secret_keys(secrets)
 
 
 def example_body(sigs: list[str] = CHUNK_SIGS) -> bytes:

@@ -232,11 +232,11 @@ def test_hub_durability_is_the_default_and_fails_clearly_when_the_hub_is_away(
         assert spoke.stats()["writeback_pending"] == 0
 
 
-def _local_upload(sp, data: bytes) -> Entry:
-    """Chunk ``data`` and upload what the spoke lacks with local durability; the file entry."""
+def _local_upload(sp, repo: str, data: bytes) -> Entry:
+    """Chunk ``data`` and upload what the spoke lacks for ``repo`` with local durability; the file entry."""
     sink = PackSession(
-        lambda ids: sp.missing_chunks(ids, "local"),
-        lambda builder: sp.receive_pack(builder.finish(), "local"),
+        lambda ids: sp.missing_chunks(ids, "local", repo=repo),
+        lambda builder: sp.receive_pack(builder.finish(), "local", repo=repo),
         UPLOAD_PACK_SIZE,
     )
     chunks, md5 = ingest_stream(io.BytesIO(data), sink)
@@ -271,7 +271,7 @@ def test_chunk_exchange_and_staging_with_local_durability_queue_at_the_spoke(out
         sp.stage(repo, "main", {"new.bin": premature}, "local")
     assert spoke.stats()["writeback_pending"] == 0
 
-    entry = _local_upload(sp, new)
+    entry = _local_upload(sp, repo, new)
     assert sp.missing_chunks(ids, "local") == []
     # A new file, a rename of a file whose bytes this spoke never held, a delete.
     sp.stage(repo, "main", {"new.bin": entry, "cold.bin": None, "moved/cold.bin": cold_entry}, "local")
@@ -304,7 +304,7 @@ def test_chunk_exchange_and_staging_with_local_durability_queue_at_the_spoke(out
     pinned = spoke.stats()["cache_pinned_bytes"]
     for refused in (bytes(pack), b"not a pack at all" * 100):
         with pytest.raises(BadRequest, match="pack"):
-            sp.receive_pack(refused, "local")
+            sp.receive_pack(refused, "local", repo=repo)
     assert spoke.stats()["cache_pinned_bytes"] == pinned
     assert sp.missing_chunks([chunk_id(good)], "local") == [chunk_id(good)]
 
@@ -318,7 +318,7 @@ def test_chunks_uploaded_with_local_durability_go_on_to_the_hub_before_their_ent
     repo = unique_name("early")
     plane.create_repo(repo)
     data = random_bytes(2_000_000, 21)
-    entry = _local_upload(sp, data)
+    entry = _local_upload(sp, repo, data)
     ids = list(dict.fromkeys(cid for cid, _ in entry.chunks))
     wait_for(lambda: plane.missing_chunks(ids) == [], timeout=30, interval=0.1)
     stats = spoke.stats()
@@ -342,9 +342,11 @@ def test_uploaded_chunks_that_no_entry_claims_are_unpinned_after_the_hold(hub, t
     """A client that uploads with local durability and dies before staging does not leave
     its chunks pinned for good: after the hold they are ordinary cached chunks (already
     sent on to the hub), which the cache may evict."""
+    repo = unique_name("hold")
+    hub.plane().create_repo(repo)
     plane = SpokePlane(hub.url, hub.token, str(tmp_path / "cache"), 64 << 20, upload_hold=3.0)
     try:
-        entry = _local_upload(plane, random_bytes(1_500_000, 31))
+        entry = _local_upload(plane, repo, random_bytes(1_500_000, 31))
         ids = list(dict.fromkeys(cid for cid, _ in entry.chunks))
         assert plane.stats()["cache_pinned_bytes"] >= 1_500_000
         wait_for(lambda: plane.stats()["cache_pinned_bytes"] == 0, timeout=30, interval=0.1)
@@ -359,8 +361,10 @@ def test_local_writes_beyond_the_pinned_budget_are_refused_whole_with_507(hub, t
     is refused whole (507; a mount turns it into ENOSPC, see test_fuse_rw) and pins nothing."""
     with start_spoke(hub.url, tmp_path / "cache", "4MiB", token=hub.token) as spoke:
         sp = spoke.plane()
+        repo = unique_name("full")
+        hub.plane().create_repo(repo)
         with pytest.raises(StorageFull, match="cache budget"):
-            _local_upload(sp, random_bytes(4_000_000, 41))
+            _local_upload(sp, repo, random_bytes(4_000_000, 41))
         assert spoke.stats()["cache_pinned_bytes"] == 0
-        entry = _local_upload(sp, random_bytes(1_000_000, 42))  # what fits is taken
+        entry = _local_upload(sp, repo, random_bytes(1_000_000, 42))  # what fits is taken
         assert spoke.stats()["cache_pinned_bytes"] >= 1_000_000 and entry.size == 1_000_000

@@ -18,6 +18,8 @@ def error_response(exc: FabricError) -> JSONResponse:
         headers["WWW-Authenticate"] = 'Bearer realm="fabric"'
     if exc.status == 416 and "size" in exc.details:
         headers["Content-Range"] = f"bytes */{exc.details['size']}"
+    if exc.status in (429, 503) and "retry_after" in exc.details:
+        headers["Retry-After"] = str(max(1, round(exc.details["retry_after"])))
     return JSONResponse({"error": exc.to_dict()}, status_code=exc.status, headers=headers)
 
 

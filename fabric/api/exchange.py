@@ -10,20 +10,57 @@ from typing import Annotated
 
 import anyio
 import msgpack
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from fabric.api.routing import Authenticator, Durability, PlaneGetter, caller, read_body, require_any
-from fabric.errors import BadRequest, Corruption, Forbidden
+from fabric.api.routing import Authenticator, Durability, PlaneGetter, buffered_body, caller, read_model
+from fabric.auth.principal import Principal
+from fabric.errors import BadRequest, Corruption, Forbidden, PayloadTooLarge
 from fabric.plane.wire import MSGPACK, hex_ids
 
 MAX_PACK_BYTES = 256 * 1024 * 1024
 FRAMES_PIECE = 1024 * 1024
+#: Chunk ids in one ``/chunks/missing`` or ``/chunks/frames`` request (clients send batches).
+MAX_IDS = 10_000
+#: The largest JSON body of chunk ids: refused (413) before it is parsed. 10,000 ids of 64
+#: hex characters are about 690 KB.
+MAX_IDS_BYTES = 1024 * 1024
 
 
 class ChunkIds(BaseModel):
     ids: list[str]
+
+
+async def read_chunk_ids(request: Request) -> ChunkIds:
+    """The ``{"ids": [...]}`` body of a chunk route: 413 when over :data:`MAX_IDS_BYTES`
+    (before parsing) or over :data:`MAX_IDS` ids."""
+    body = await read_model(request, ChunkIds, MAX_IDS_BYTES)
+    if len(body.ids) > MAX_IDS:
+        raise PayloadTooLarge(f"too many chunk ids in one request ({len(body.ids)} > {MAX_IDS}); split the batch")
+    return body
+
+
+#: The request body of the chunk id routes, for the OpenAPI document (the routes read it themselves).
+CHUNK_IDS_BODY = {
+    "requestBody": {
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"ids": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_IDS}},
+                    "required": ["ids"],
+                }
+            }
+        },
+        "required": True,
+    }
+}
+
+
+class ShareChunks(BaseModel):
+    source_repo: str
+    ids: list[str] = Field(max_length=10000)
 
 
 class ObjectIds(BaseModel):
@@ -39,15 +76,46 @@ class PackResult(BaseModel):
     new: int
 
 
+#: ``?repo=``: the repository a chunk exchange call is for (see :mod:`fabric.plane.exchange`).
+RepoScope = Annotated[
+    str | None,
+    Query(description="the repository the chunks are for; required unless the token may access every repository"),
+]
+
+
+def chunk_scope(who: Principal, repo: str | None, role: str) -> str | None:
+    """The repository a chunk exchange call answers about: ``repo`` (the caller needs
+    ``role`` on it), or ``None`` (the whole store) for a caller with ``role`` on every
+    repository. A token for some repositories never learns about the others' chunks."""
+    if repo is not None:
+        who.require(repo, role)
+        return repo
+    if who.can("*", role):
+        return None
+    raise Forbidden(
+        f"token {who.name!r} may exchange chunks only for a repository it may access: add ?repo=NAME"
+    )
+
+
 def add_exchange_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authenticator) -> None:
     """Add the chunk exchange routes to ``router``; ``plane()`` is the data plane to serve."""
     Caller = caller(authenticate)
 
-    @router.post("/chunks/missing", response_model=MissingChunks, tags=["chunks"])
-    def missing(body: ChunkIds, who: Caller, x_fabric_durability: Durability = None) -> MissingChunks:
-        """Which of these chunk ids (hex) the server lacks (at the durability asked)."""
-        require_any(who, "write")
-        return MissingChunks(missing=[c.hex() for c in plane().missing_chunks(hex_ids(body.ids), x_fabric_durability)])
+    async def chunk_ids(request: Request, _who: Caller) -> ChunkIds:
+        # Depends on the caller, so a request is authenticated before its body is read.
+        return await read_chunk_ids(request)
+
+    ChunkIdsBody = Annotated[ChunkIds, Depends(chunk_ids)]
+
+    @router.post("/chunks/missing", response_model=MissingChunks, tags=["chunks"], openapi_extra=CHUNK_IDS_BODY)
+    def missing(
+        body: ChunkIdsBody, who: Caller, repo: RepoScope = None, x_fabric_durability: Durability = None
+    ) -> MissingChunks:
+        """Which of these chunk ids (hex) the server lacks (at the durability asked); with
+        ``repo``, which it lacks as chunks of that repository."""
+        scope = chunk_scope(who, repo, "write")
+        lacking = plane().missing_chunks(hex_ids(body.ids), x_fabric_durability, repo=scope)
+        return MissingChunks(missing=[c.hex() for c in lacking])
 
     @router.post(
         "/chunks/packs",
@@ -55,15 +123,18 @@ def add_exchange_routes(router: APIRouter, plane: PlaneGetter, authenticate: Aut
         tags=["chunks"],
         openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}, "required": True}},
     )
-    async def upload_pack(request: Request, who: Caller, x_fabric_durability: Durability = None) -> PackResult:
-        """Store a pack of frames; every frame is verified before anything is indexed."""
-        require_any(who, "write")
-        data = await read_body(request, MAX_PACK_BYTES)
-        try:
-            chunks, new = await anyio.to_thread.run_sync(lambda: plane().receive_pack(data, x_fabric_durability))
-        except Corruption as exc:
-            # The client sent bad bytes: its error (400), not the server's (500).
-            raise BadRequest(f"pack refused, nothing from it was stored: {exc.message}") from exc
+    async def upload_pack(
+        request: Request, who: Caller, repo: RepoScope = None, x_fabric_durability: Durability = None
+    ) -> PackResult:
+        """Store a pack of frames; every frame is verified before anything is indexed. With
+        ``repo`` its chunks become chunks of that repository."""
+        scope = chunk_scope(who, repo, "write")
+        async with buffered_body(request, MAX_PACK_BYTES) as data:
+            try:
+                chunks, new = await anyio.to_thread.run_sync(lambda: plane().receive_pack(data, x_fabric_durability, repo=scope))
+            except Corruption as exc:
+                # The client sent bad bytes: its error (400), not the server's (500).
+                raise BadRequest(f"pack refused, nothing from it was stored: {exc.message}") from exc
         return PackResult(chunks=chunks, new=new)
 
     @router.post(
@@ -71,16 +142,17 @@ def add_exchange_routes(router: APIRouter, plane: PlaneGetter, authenticate: Aut
         tags=["chunks"],
         response_class=StreamingResponse,
         responses={200: {"content": {"application/octet-stream": {}}}},
+        openapi_extra=CHUNK_IDS_BODY,
     )
-    def frames(body: ChunkIds, who: Caller) -> StreamingResponse:
+    def frames(body: ChunkIdsBody, who: Caller, repo: RepoScope = None) -> StreamingResponse:
         """Stream ``id(32) length(u32 LE) frame`` records for the given chunk ids.
 
-        A chunk id is the BLAKE3 hash of its bytes: it is learnt only from metadata the
-        caller may read (``/entry``) or from the bytes themselves, so it serves as the
-        capability to fetch them; any read role is enough."""
-        require_any(who, "read")
+        A token for some repositories names one (``repo``) and gets only chunks of it: an
+        id it learnt elsewhere is no capability (404, as for an id stored nowhere)."""
+        # A token that may read every repository needs no check (a spoke's, an admin's).
+        scope = None if who.can("*", "read") else chunk_scope(who, repo, "read")
         ids = hex_ids(body.ids)
-        stream = iter(plane().frames(ids))
+        stream = iter(plane().frames(ids, repo=scope))
         # Planes may locate chunks lazily: pull the first record now, so an unknown id
         # is a 404 before the 200 is sent, not a connection dropped mid-stream.
         first = next(stream, None)
@@ -102,6 +174,17 @@ def add_exchange_routes(router: APIRouter, plane: PlaneGetter, authenticate: Aut
                 yield b"".join(pending)
 
         return StreamingResponse(records(), media_type="application/octet-stream")
+
+    @router.post("/repos/{repo}/chunks/share", status_code=204, tags=["chunks"])
+    def share(repo: str, body: ShareChunks, who: Caller) -> Response:
+        """Make chunks of ``source_repo`` chunks of ``repo`` too, for copying a file between
+        repositories without sending its bytes: read access to the source and write
+        access to the target are needed; 404 (nothing shared) unless every id is a chunk
+        of the source."""
+        who.require(body.source_repo, "read")
+        who.require(repo, "write")
+        plane().share_chunks(body.source_repo, repo, hex_ids(body.ids))
+        return Response(status_code=204)
 
     # -- metadata objects (for caches) ------------------------------------------------
     @router.post(

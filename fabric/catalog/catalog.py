@@ -122,7 +122,7 @@ class Catalog:
             cur.execute("DELETE FROM repos WHERE name = ?", (name,))
             if cur.rowcount == 0:
                 raise NotFound(f"repository {name!r} does not exist")
-            for table in ("refs", "staging", "commits"):
+            for table in ("refs", "staging", "commits", "repo_chunks"):
                 cur.execute(f"DELETE FROM {table} WHERE repo = ?", (name,))
             self._event(cur, name, "repo", name, None, None)
 
@@ -313,8 +313,13 @@ class Catalog:
             return False, None
         return True, bytes(rows[0][0]) if rows[0][0] is not None else None
 
-    def all_staged_entries(self) -> Iterator[bytes]:
-        for (entry,) in self.db.query("SELECT entry FROM staging WHERE entry IS NOT NULL"):
+    def all_staged_entries(self, repo: str | None = None) -> Iterator[bytes]:
+        """Every staged entry (of ``repo``, or of every repository)."""
+        if repo is None:
+            rows = self.db.query("SELECT entry FROM staging WHERE entry IS NOT NULL")
+        else:
+            rows = self.db.query("SELECT entry FROM staging WHERE entry IS NOT NULL AND repo = ?", (repo,))
+        for (entry,) in rows:
             yield bytes(entry)
 
     def discard_staging(self, repo: str, branch: str, paths: Iterable[str] | None = None) -> None:
@@ -406,6 +411,29 @@ class Catalog:
         """Unindex chunks, except those a writer touched at or after ``older_than``."""
         with self.db.tx() as cur:
             cur.executemany("DELETE FROM chunks WHERE id = ? AND touched < ?", [(cid, older_than) for cid in ids])
+            cur.executemany(
+                "DELETE FROM repo_chunks WHERE chunk = ? AND NOT EXISTS (SELECT 1 FROM chunks WHERE id = ?)",
+                [(cid, cid) for cid in ids],
+            )
+
+    # -- chunk ownership -----------------------------------------------------
+    def owned_chunks(self, repo: str, ids: Sequence[bytes]) -> set[bytes]:
+        """The ids among ``ids`` recorded as chunks of ``repo``."""
+        owned: set[bytes] = set()
+        for batch in batched(list(ids)):
+            rows = self.db.query(
+                f"SELECT chunk FROM repo_chunks WHERE repo = ? AND chunk IN ({placeholders(len(batch))})",
+                (repo, *batch),
+            )
+            owned.update(bytes(cid) for (cid,) in rows)
+        return owned
+
+    def add_owned_chunks(self, repo: str, ids: Iterable[bytes]) -> None:
+        """Record chunks as chunks of ``repo`` (after they are indexed: objects before references)."""
+        rows = [(repo, cid) for cid in dict.fromkeys(ids)]
+        if rows:
+            with self.db.tx() as cur:
+                cur.executemany("INSERT INTO repo_chunks (repo, chunk) VALUES (?, ?) ON CONFLICT DO NOTHING", rows)
 
     def delete_pack_row(self, pack_id: str) -> None:
         with self.db.tx() as cur:

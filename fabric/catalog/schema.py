@@ -85,3 +85,23 @@ CREATE TABLE IF NOT EXISTS buckets (
     created {real} NOT NULL
 )
 """
+
+# Rights a token holds beyond its roles (issue 11): 'create-repos', 'spoke'.
+SCHEMA += """;
+CREATE TABLE IF NOT EXISTS token_rights (
+    token_id TEXT NOT NULL,
+    right_name TEXT NOT NULL,
+    PRIMARY KEY (token_id, right_name)
+)
+"""
+
+# Which repositories each chunk belongs to (issue 11): a chunk is stored once, but a
+# repository may use (and its readers fetch) only the chunks recorded for it.
+SCHEMA += """;
+CREATE TABLE IF NOT EXISTS repo_chunks (
+    repo TEXT NOT NULL,
+    chunk {blob} NOT NULL,
+    PRIMARY KEY (repo, chunk)
+);
+CREATE INDEX IF NOT EXISTS repo_chunks_by_chunk ON repo_chunks (chunk)
+"""

@@ -8,6 +8,7 @@ server. Imports chunk locally and send only the chunks the server lacks
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -24,12 +25,21 @@ from fabric.format.ingest import PackSession
 from fabric.format.listing import Change, Listing
 from fabric.format.model import Commit, Entry
 from fabric.plane.dataplane import DataPlane
-from fabric.plane.wire import MSGPACK, STAGING_SEQ_HEADER, commit_from_json, entry_from_json, pack_changes
+from fabric.plane.wire import (
+    MSGPACK,
+    STAGE_SINCE_HEADER,
+    STAGING_SEQ_HEADER,
+    commit_from_json,
+    entry_from_json,
+    pack_changes,
+)
 from fabric.util.progress import Progress
 
 #: Packs sent over the network are smaller than stored ones, so a failed upload costs less.
 UPLOAD_PACK_SIZE = 16 * 1024 * 1024
+#: Ids per ``/chunks/missing`` and ``/chunks/frames`` request (servers take at most 10,000).
 MISSING_BATCH = 10_000
+FRAMES_BATCH = 4096
 OBJECT_BATCH = 256
 
 _BY_STATUS: dict[int, type[errors.FabricError]] = {
@@ -39,6 +49,7 @@ _BY_STATUS: dict[int, type[errors.FabricError]] = {
     404: errors.NotFound,
     409: errors.Conflict,
     412: errors.PreconditionFailed,
+    413: errors.PayloadTooLarge,
     416: errors.RangeNotSatisfiable,
     503: errors.Unavailable,
     507: errors.StorageFull,
@@ -157,8 +168,12 @@ class HttpPlane(DataPlane):
         return self._call(method, path, timeout=self._slow, **kwargs).json()
 
     # -- repositories --------------------------------------------------------------
-    def create_repo(self, name: str, default_branch: str = "main") -> dict:
-        return self._json("POST", "/repos", json={"name": name, "default_branch": default_branch})
+    def create_repo(self, name: str, default_branch: str = "main", owner: str | None = None) -> dict:
+        """``owner``: the token id the repository is created for (a spoke's caller); the server
+        honours it only from a spoke's token, and that token must hold ``create-repos``."""
+        return self._json(
+            "POST", "/repos", json={"name": name, "default_branch": default_branch}, headers=_on_behalf(owner)
+        )
 
     def get_repo(self, name: str) -> dict:
         return self._json("GET", f"/repos/{name}")
@@ -337,6 +352,22 @@ class HttpPlane(DataPlane):
         seq = response.headers.get(STAGING_SEQ_HEADER)
         return int(seq) if seq is not None else None
 
+    def stage_unless_newer(
+        self, repo: str, branch: str, changes: Mapping[str, Entry | None], since_seq: int, since_head: str
+    ) -> tuple[int, list[str]]:
+        """Stage ``changes`` at a hub except the paths written on the branch since staging seq
+        ``since_seq`` and head ``since_head`` (a replay never overwrites newer data, see
+        :meth:`fabric.engine.engine.Engine.stage_unless_newer`): the staging seq and the paths left out."""
+        response = self._call(
+            "POST",
+            f"/repos/{repo}/branches/{branch}/entries",
+            content=pack_changes(dict(changes)),
+            headers={"Content-Type": MSGPACK, STAGE_SINCE_HEADER: f"{since_seq} {since_head}"},
+            timeout=self._slow,
+        )
+        body = response.json()
+        return int(body["seq"]), list(body["skipped"])
+
     def delete_object(self, repo: str, branch: str, path: str, durability: str | None = None) -> None:
         self._call("DELETE", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, headers=durability_header(durability))
 
@@ -344,25 +375,44 @@ class HttpPlane(DataPlane):
         self._call("DELETE", f"/repos/{repo}/branches/{branch}/changes", timeout=self._slow)
 
     # -- chunk exchange ------------------------------------------------------------
-    def missing_chunks(self, ids: Sequence[bytes], durability: str | None = None) -> list[bytes]:
+    def missing_chunks(
+        self, ids: Sequence[bytes], durability: str | None = None, repo: str | None = None
+    ) -> list[bytes]:
         out: list[bytes] = []
         unique = list(dict.fromkeys(ids))
         headers = durability_header(durability)
         for i in range(0, len(unique), MISSING_BATCH):
             batch = [c.hex() for c in unique[i : i + MISSING_BATCH]]
-            reply = self._json("POST", "/chunks/missing", json={"ids": batch}, headers=headers)
+            reply = self._json("POST", "/chunks/missing", json={"ids": batch}, headers=headers, params=_scope(repo))
             out.extend(bytes.fromhex(c) for c in reply["missing"])
         return out
 
-    def receive_pack(self, data: bytes, durability: str | None = None) -> tuple[int, int]:
+    def receive_pack(self, data: bytes, durability: str | None = None, repo: str | None = None) -> tuple[int, int]:
         headers = {"Content-Type": "application/octet-stream", **durability_header(durability)}
-        r = self._slow_json("POST", "/chunks/packs", content=data, headers=headers)
+        r = self._slow_json("POST", "/chunks/packs", content=data, headers=headers, params=_scope(repo))
         return r["chunks"], r["new"]
 
-    def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
-        request = self.http.build_request("POST", "/chunks/frames", json={"ids": [c.hex() for c in ids]})
-        response = self._open_stream(request)
-        return _records(response)
+    def share_chunks(self, source_repo: str, repo: str, ids: Sequence[bytes]) -> None:
+        for i in range(0, len(ids), MISSING_BATCH):
+            batch = [c.hex() for c in ids[i : i + MISSING_BATCH]]
+            self._call("POST", f"/repos/{repo}/chunks/share", json={"source_repo": source_repo, "ids": batch})
+
+    def frames(self, ids: Sequence[bytes], repo: str | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Requests of at most :data:`FRAMES_BATCH` ids, one after another as the records are
+        consumed; the first is sent now, so its errors (an unknown id) are raised here."""
+        ids = list(ids)
+        first = self._frames_batch(ids[:FRAMES_BATCH], repo)
+        return itertools.chain(first, self._later_frames(ids[FRAMES_BATCH:], repo))
+
+    def _later_frames(self, ids: list[bytes], repo: str | None) -> Iterator[tuple[bytes, bytes]]:
+        for i in range(0, len(ids), FRAMES_BATCH):
+            yield from self._frames_batch(ids[i : i + FRAMES_BATCH], repo)
+
+    def _frames_batch(self, ids: list[bytes], repo: str | None) -> Iterator[tuple[bytes, bytes]]:
+        request = self.http.build_request(
+            "POST", "/chunks/frames", json={"ids": [c.hex() for c in ids]}, params=_scope(repo)
+        )
+        return _records(self._open_stream(request))
 
     def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
@@ -379,9 +429,13 @@ class HttpPlane(DataPlane):
         body = msgpack.unpackb(response.content, raw=False)
         return body["head"], body["seq"], [(p, e) for p, e in body["entries"]]
 
-    def chunk_sink(self) -> PackSession:
-        """New chunks go up as packs of only the frames the server lacks."""
-        return PackSession(self.missing_chunks, lambda b: self.receive_pack(b.finish()), UPLOAD_PACK_SIZE)
+    def chunk_sink(self, repo: str | None = None) -> PackSession:
+        """New chunks go up as packs of only the frames the server lacks (for ``repo``)."""
+        return PackSession(
+            lambda ids: self.missing_chunks(ids, repo=repo),
+            lambda b: self.receive_pack(b.finish(), repo=repo),
+            UPLOAD_PACK_SIZE,
+        )
 
     # -- administration ------------------------------------------------------------
     def stats(self) -> dict:
@@ -404,11 +458,14 @@ class HttpPlane(DataPlane):
             "GET", "/watch", params=params, timeout=httpx.Timeout(read_timeout, connect=self.timeouts.connect)
         )
         response = self._open_stream(request)
-        return _json_lines(response)
+        return _watch_events(_json_lines(response))
 
     # -- tokens (hub only) ---------------------------------------------------------
-    def create_token(self, name: str, admin: bool = False, roles: Mapping[str, str] | None = None) -> dict:
-        return self._json("POST", "/tokens", json={"name": name, "admin": admin, "roles": dict(roles or {})})
+    def create_token(
+        self, name: str, admin: bool = False, roles: Mapping[str, str] | None = None, rights: Sequence[str] = ()
+    ) -> dict:
+        body = {"name": name, "admin": admin, "roles": dict(roles or {}), "rights": list(rights)}
+        return self._json("POST", "/tokens", json=body)
 
     def list_tokens(self) -> list[dict]:
         return self._json("GET", "/tokens")
@@ -416,11 +473,19 @@ class HttpPlane(DataPlane):
     def revoke_token(self, token_id: str) -> None:
         self._call("DELETE", f"/tokens/{token_id}")
 
-    def s3_key(self, access_key_id: str) -> tuple[Principal, str]:
-        """``(principal, secret)`` of an S3 access key id (admin tokens only)."""
-        d = self._json("GET", f"/auth/s3-keys/{access_key_id}")
-        p = d["principal"]
-        return Principal(p["token_id"], p["name"], p["admin"], p["roles"]), d["secret"]
+    def s3_signing_key(self, access_key_id: str, date: str, region: str, service: str) -> tuple[Principal, bytes]:
+        """The SigV4 signing key of an S3 access key for one day, region and service, and its
+        principal as this token may see it (a spoke's token: the ``spoke`` right)."""
+        d = self._json(
+            "GET", f"/auth/s3-signing-keys/{access_key_id}", params={"date": date, "region": region, "service": service}
+        )
+        return Principal.from_dict(d["principal"]), bytes.fromhex(d["key"])
+
+    def s3_v2_check(self, access_key_id: str, strings_to_sign: Sequence[str], signature: str) -> Principal | None:
+        """The principal of an S3 access key if ``signature`` signs one of ``strings_to_sign`` (SigV2), else None."""
+        body = {"access_key_id": access_key_id, "strings_to_sign": list(strings_to_sign), "signature": signature}
+        d = self._json("POST", "/auth/s3-v2-check", json=body)
+        return Principal.from_dict(d["principal"]) if d["match"] else None
 
     def whoami(self) -> dict:
         return self._json("GET", "/auth/whoami")
@@ -432,12 +497,19 @@ class HttpPlane(DataPlane):
     def get_bucket(self, name: str) -> dict:
         return self._json("GET", f"/buckets/{name}")
 
-    def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> dict:
+    def create_bucket(
+        self, name: str, repo: str, ref: str, created_by_s3: bool = False, owner: str | None = None
+    ) -> dict:
+        """``owner``: as for :meth:`create_repo` (the caller whose role on ``repo`` is checked)."""
         body = {"name": name, "repo": repo, "ref": ref, "created_by_s3": created_by_s3}
-        return self._json("POST", "/buckets", json=body)
+        return self._json("POST", "/buckets", json=body, headers=_on_behalf(owner))
 
     def delete_bucket(self, name: str) -> None:
         self._call("DELETE", f"/buckets/{name}")
+
+
+def _on_behalf(owner: str | None) -> dict[str, str]:
+    return {} if owner is None else {"X-Fabric-On-Behalf-Of": owner}
 
 
 def _stream(response: httpx.Response) -> Iterator[bytes]:
@@ -447,6 +519,20 @@ def _stream(response: httpx.Response) -> Iterator[bytes]:
         raise errors.Unavailable(f"the download from {response.url.host} broke off: {exc}") from exc
     finally:
         response.close()
+
+
+def _scope(repo: str | None) -> dict[str, str]:
+    """The query parameters naming the repository a chunk exchange call is for."""
+    return {} if repo is None else {"repo": repo}
+
+
+def _watch_events(lines: Iterator[dict]) -> Iterator[dict]:
+    """Watch stream events; an ``error`` line (the token was revoked) raises its error."""
+    for event in lines:
+        if event.get("type") == "error":
+            error = errors.Unauthorized if event.get("code") == errors.Unauthorized.code else errors.Forbidden
+            raise error(event.get("message", "the hub ended the watch stream"))
+        yield event
 
 
 def _json_lines(response: httpx.Response) -> Iterator[dict]:

@@ -177,7 +177,7 @@ def import_directory(
             changes[path] = None
 
     progress.start(sum(i.size for i in to_hash), "B", "import")
-    session = plane.chunk_sink()
+    session = plane.chunk_sink(repo)
 
     def ingest(batch: list[LocalItem]) -> list[tuple[str, Entry]]:
         ingester = Ingester(session)

@@ -19,6 +19,9 @@ from fabric.store import ObjectStore
 
 #: Reads of frames closer together than this in one pack are merged into one GET.
 COALESCE_GAP = 256 * 1024
+#: The most bytes one merged GET reads: what serving a frames request holds at a time,
+#: however many chunks of one pack it asks for.
+MAX_RUN = 8 * 1024 * 1024
 
 
 class ChunkStore:
@@ -29,42 +32,63 @@ class ChunkStore:
         self.cache = BytesLRU(cache_bytes, max_item=cache_bytes // 4)
 
     # -- writing -------------------------------------------------------------
-    def missing(self, ids: Sequence[bytes]) -> list[bytes]:
-        """The ids (in the given order, without repeats) that this store lacks."""
+    def missing(self, ids: Sequence[bytes], owner: str | None = None) -> list[bytes]:
+        """The ids (in the given order, without repeats) that this store lacks; with
+        ``owner``, also those it holds but not as chunks of that repository."""
         unique = list(dict.fromkeys(ids))
         present = self.catalog.present_and_touch(unique, self.grace)
+        if owner is not None:
+            present &= self.catalog.owned_chunks(owner, list(present))
         return [cid for cid in unique if cid not in present]
 
-    def session(self, target_size: int = packs.TARGET_SIZE) -> PackSession:
-        """A sink for new chunks; packs are stored and indexed as they fill."""
-        return PackSession(self.missing, self.store_pack, target_size)
+    def session(self, target_size: int = packs.TARGET_SIZE, owner: str | None = None) -> PackSession:
+        """A sink for new chunks; packs are stored and indexed as they fill.
 
-    def store_pack(self, builder: packs.PackBuilder) -> None:
+        With ``owner`` every chunk offered becomes a chunk of that repository, the
+        stored ones at once: the sink is fed in this process by code that hashed the
+        bytes itself, so whoever feeds it holds them."""
+        if owner is None:
+            return PackSession(self.missing, self.store_pack, target_size)
+
+        def missing_claiming_present(ids: Sequence[bytes]) -> list[bytes]:
+            lacking = self.missing(ids)
+            absent = set(lacking)
+            self.catalog.add_owned_chunks(owner, [cid for cid in ids if cid not in absent])
+            return lacking
+
+        return PackSession(missing_claiming_present, lambda b: self.store_pack(b, owner), target_size)
+
+    def store_pack(self, builder: packs.PackBuilder, owner: str | None = None) -> None:
         data = builder.finish()
         pack_id = packs.new_pack_id()
         self.store.put(packs.pack_key(pack_id), data)
         self.catalog.index_pack(
             pack_id, len(data), builder.size, [(c.id, c.offset, c.length, c.raw_len) for c in builder.chunks]
         )
+        if owner is not None:
+            self.catalog.add_owned_chunks(owner, [c.id for c in builder.chunks])
 
-    def receive_pack(self, data: bytes) -> tuple[int, int]:
+    def receive_pack(self, data: bytes, owner: str | None = None) -> tuple[int, int]:
         """Verify a pack sent by a client and store it: ``(chunks, new chunks)``.
 
         Every frame is checked against its checksum and id before anything is
-        stored or indexed; a pack with one bad frame is refused whole.
+        stored or indexed; a pack with one bad frame is refused whole. With
+        ``owner`` every chunk of the pack becomes a chunk of that repository (the
+        sender proved it holds the bytes), including chunks stored before.
         """
         chunks = packs.verify_pack(data)
         if not chunks:
             return 0, 0
         new = set(self.missing([c.id for c in chunks]))
-        if not new:
-            return len(chunks), 0
-        pack_id = packs.new_pack_id()
-        self.store.put(packs.pack_key(pack_id), data)
-        data_size = chunks[-1].offset + chunks[-1].length
-        self.catalog.index_pack(
-            pack_id, len(data), data_size, [(c.id, c.offset, c.length, c.raw_len) for c in chunks if c.id in new]
-        )
+        if new:
+            pack_id = packs.new_pack_id()
+            self.store.put(packs.pack_key(pack_id), data)
+            data_size = chunks[-1].offset + chunks[-1].length
+            self.catalog.index_pack(
+                pack_id, len(data), data_size, [(c.id, c.offset, c.length, c.raw_len) for c in chunks if c.id in new]
+            )
+        if owner is not None:  # after the chunks are indexed: objects before references
+            self.catalog.add_owned_chunks(owner, [c.id for c in chunks])
         return len(chunks), len(new)
 
     # -- reading -------------------------------------------------------------
@@ -147,10 +171,13 @@ class ChunkStore:
 
 
 def _runs(items: list[tuple[bytes, ChunkLocation]]) -> Iterator[list[tuple[bytes, ChunkLocation]]]:
+    """Frames of one pack (sorted by offset) in runs read with one GET each: near each other,
+    and spanning at most :data:`MAX_RUN` bytes (unless one frame alone is larger)."""
     run = [items[0]]
     for item in items[1:]:
         prev = run[-1][1]
-        if item[1].offset - (prev.offset + prev.length) <= COALESCE_GAP:
+        end = item[1].offset + item[1].length
+        if item[1].offset - (prev.offset + prev.length) <= COALESCE_GAP and end - run[0][1].offset <= MAX_RUN:
             run.append(item)
         else:
             yield run

@@ -13,7 +13,7 @@ from __future__ import annotations
 import getpass
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 from fabric.catalog import Catalog, Database
@@ -29,7 +29,7 @@ from fabric.errors import BadRequest, Conflict, MergeConflict, NotFound, ObjectN
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
 from fabric.format.model import FILE, INLINE_CHUNKS, Commit, Entry
-from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix, check_ref_name, check_repo_name
+from fabric.format.paths import COMMIT_ID_RE, check_bucket_name, check_path, check_prefix, check_ref_name, check_repo_name
 from fabric.plane.dataplane import DataPlane
 from fabric.store import ObjectStore, open_store
 from fabric.util.progress import Progress
@@ -41,6 +41,8 @@ DEFAULT_STORE = "store"
 #: Chunks and objects younger than this are never garbage collected, so a
 #: writer that found a chunk present has this long to commit a reference to it.
 DEFAULT_GC_GRACE = 6 * 3600.0
+#: Set in the catalog once every repository's chunks are recorded (see ``repo_chunks``).
+OWNERSHIP_SETTING = "chunk_ownership"
 
 
 class CatalogStaging:
@@ -73,6 +75,11 @@ class Engine(DataPlane):
         self.reader = Reader(self.meta, self.trees, self.chunks.read_many)
         self.meta.put(METARANGE, [])  # the empty tree, which every first commit points at
         self.gc_grace = gc_grace
+        if catalog.setting(OWNERSHIP_SETTING) is None:
+            # A catalog from before chunks belonged to repositories: record what each
+            # repository's refs and staging areas use (once; idempotent if interrupted).
+            maintenance.record_ownership(self)
+            catalog.set_setting(OWNERSHIP_SETTING, "1")
 
     @classmethod
     def open(
@@ -108,7 +115,9 @@ class Engine(DataPlane):
         self.catalog.db.close()
 
     # -- repositories --------------------------------------------------------
-    def create_repo(self, name: str, default_branch: str = DEFAULT_BRANCH, author: str | None = None) -> dict:
+    def create_repo(
+        self, name: str, default_branch: str = DEFAULT_BRANCH, owner: str | None = None, author: str | None = None
+    ) -> dict:
         check_repo_name(name)
         check_ref_name(default_branch)
         # Write the empty tree again: gc may have removed it since this engine started.
@@ -281,7 +290,7 @@ class Engine(DataPlane):
         for path in changes:
             check_path(path)
         parent = self.get_commit(repo, head)
-        self._require_chunks(changes.values())
+        self._require_chunks(repo, changes.values())
         tree = self.trees.apply(parent.tree, self._normalized(changes))
         if tree == parent.tree and not allow_empty and not extra_parents:
             current = self.head(repo, branch)
@@ -294,19 +303,26 @@ class Engine(DataPlane):
         self.catalog.move_branch(repo, branch, head, commit.id, fold_seq=fold_seq)
         return commit
 
-    def _require_chunks(self, entries) -> None:
-        """Refuse to commit entries whose chunks the store does not hold."""
+    def _require_chunks(self, repo: str, entries: Iterable[Entry | None]) -> None:
+        """Refuse entries whose chunks are not stored as chunks of ``repo``."""
         ids: list[bytes] = []
         for entry in entries:
             if entry is not None and entry.kind == FILE:
                 ids.extend(cid for cid, _ in self.reader.chunk_list(entry))
         if ids:
-            lacking = self.chunks.missing(ids)
+            lacking = self.chunks.missing(ids, owner=repo)
             if lacking:
                 raise BadRequest(
-                    f"{len(lacking)} chunk(s) referenced by the commit are not in the store "
+                    f"{len(lacking)} chunk(s) referenced by the change are not stored for repository {repo!r} "
                     f"(first {lacking[0].hex()}); upload them first"
                 )
+
+    def _require_owned(self, repo: str, ids: Sequence[bytes]) -> None:
+        owned = self.catalog.owned_chunks(repo, ids)
+        foreign = [cid for cid in ids if cid not in owned]
+        if foreign:
+            # The same answer whether the chunk belongs to another repository or to none.
+            raise NotFound(f"chunk {foreign[0].hex()} is not in repository {repo!r} ({len(foreign)} such)")
 
     def log(self, repo: str, ref: str, path: str | None = None, limit: int = 100, after: str | None = None) -> list[Commit]:
         """Commits reachable from ``ref``, newest first; ``path`` keeps those that changed it.
@@ -480,7 +496,7 @@ class Engine(DataPlane):
         The hub stores before it returns: every durability level is met."""
         check_path(path)
         self.head(repo, branch)
-        with self.chunks.session() as session:
+        with self.chunks.session(owner=repo) as session:
             chunks, md5 = ingest_stream(stream, session)
         entry = file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
         self.stage(repo, branch, {path: entry})
@@ -490,7 +506,7 @@ class Engine(DataPlane):
         """Stage entries (``None`` deletes) whose chunks are already stored (hub-durable)."""
         for path in changes:
             check_path(path)
-        self._require_chunks(changes.values())
+        self._require_chunks(repo, changes.values())
         return self.catalog.stage(
             repo, branch, [(p, e.encode() if e is not None else None) for p, e in self._normalized(changes).items()]
         )
@@ -504,7 +520,7 @@ class Engine(DataPlane):
         seq and the paths left out (staged since, or changed by a commit since)."""
         for path in changes:
             check_path(path)
-        self._require_chunks(changes.values())
+        self._require_chunks(repo, changes.values())
         head = self.head(repo, branch)
         committed = set()
         if head != since_head:
@@ -541,14 +557,29 @@ class Engine(DataPlane):
 
     # -- chunk exchange ------------------------------------------------------
     # The hub's store is every durability level at once.
-    def missing_chunks(self, ids: Sequence[bytes], durability: str | None = None) -> list[bytes]:
-        return self.chunks.missing(ids)
+    def missing_chunks(
+        self, ids: Sequence[bytes], durability: str | None = None, repo: str | None = None
+    ) -> list[bytes]:
+        if repo is not None:
+            self.get_repo(repo)
+        return self.chunks.missing(ids, owner=repo)
 
-    def receive_pack(self, data: bytes, durability: str | None = None) -> tuple[int, int]:
-        return self.chunks.receive_pack(data)
+    def receive_pack(self, data: bytes, durability: str | None = None, repo: str | None = None) -> tuple[int, int]:
+        if repo is not None:
+            self.get_repo(repo)
+        return self.chunks.receive_pack(data, owner=repo)
 
-    def frames(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
+    def frames(self, ids: Sequence[bytes], repo: str | None = None) -> Iterator[tuple[bytes, bytes]]:
+        if repo is not None:
+            self.get_repo(repo)
+            self._require_owned(repo, ids)
         return self.chunks.frames(ids)
+
+    def share_chunks(self, source_repo: str, repo: str, ids: Sequence[bytes]) -> None:
+        self.get_repo(repo)
+        self.get_repo(source_repo)
+        self._require_owned(source_repo, ids)
+        self.catalog.add_owned_chunks(repo, ids)
 
     def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
         out = {}
@@ -569,8 +600,8 @@ class Engine(DataPlane):
         rows = self.catalog.staged(repo, branch, max_seq=row.staging_seq, min_seq=since_seq)
         return row.commit_id, row.staging_seq, list(rows)
 
-    def chunk_sink(self) -> PackSession:
-        return self.chunks.session()
+    def chunk_sink(self, repo: str | None = None) -> PackSession:
+        return self.chunks.session(owner=repo)
 
     # -- administration ------------------------------------------------------
     def fsck(self, deep: bool = True, progress: Progress | None = None) -> dict:
@@ -616,9 +647,11 @@ class Engine(DataPlane):
             raise NotFound(f"bucket {name!r} does not exist (its repository {row[1]!r} was deleted)") from None
         return self._bucket_dict(row)
 
-    def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> dict:
+    def create_bucket(
+        self, name: str, repo: str, ref: str, created_by_s3: bool = False, owner: str | None = None
+    ) -> dict:
         """Bind bucket ``name`` to branch or tag ``ref`` of ``repo`` (plain keys over S3)."""
-        check_repo_name(name)
+        check_bucket_name(name)
         self.get_repo(repo)
         if name != repo:
             try:

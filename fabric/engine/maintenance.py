@@ -99,6 +99,21 @@ class Walker:
             self.found.chunks.update(c for c, _ in entry.chunks)
 
 
+def record_ownership(engine: Engine) -> None:
+    """Record, for each repository, the chunks its refs (with their history) and its
+    staging areas use: what a catalog from before chunks belonged to repositories needs."""
+    by_repo: dict[str, list[str]] = {}
+    for repo, commit_id in engine.catalog.all_ref_commits():
+        by_repo.setdefault(repo, []).append(commit_id)
+    for repo, commit_ids in by_repo.items():
+        walker = Walker(engine, verify=False)
+        for commit_id in commit_ids:
+            walker.walk_commits(repo, commit_id)
+        for enc in engine.catalog.all_staged_entries(repo):
+            walker.entry(Entry.decode(enc), "staging")
+        engine.catalog.add_owned_chunks(repo, walker.found.chunks)
+
+
 @dataclass
 class FsckReport:
     commits: int = 0

@@ -24,6 +24,27 @@ def check_repo_name(name: str) -> str:
     return name
 
 
+_IPV4_RE = re.compile(r"\d{1,3}(\.\d{1,3}){3}")
+
+
+def check_bucket_name(name: str) -> str:
+    """S3 bucket binding names: repository names, or such labels joined by dots (S3's dotted
+    bucket names, e.g. ``data.v1``), 3-63 characters, not an IP address."""
+    if not isinstance(name, str) or "." not in name:
+        return check_repo_name(name)
+    labels = name.split(".")
+    if (
+        len(name) > 63
+        or _IPV4_RE.fullmatch(name)
+        or any(not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", label) or "--" in label for label in labels)
+    ):
+        raise InvalidName(
+            f"invalid bucket name {name!r}: use 3-63 lowercase letters, digits, single hyphens and dots, "
+            "each dot between letters or digits, and not an IP address"
+        )
+    return name
+
+
 def check_ref_name(name: str, what: str = "branch") -> str:
     """Branch and tag names: letters, digits, ``. _ -``; no slashes (S3 keys are REF/PATH)."""
     if (

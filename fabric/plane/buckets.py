@@ -27,9 +27,12 @@ class Buckets(abc.ABC):
         Safe to retry."""
 
     @abc.abstractmethod
-    def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> dict:
+    def create_bucket(
+        self, name: str, repo: str, ref: str, created_by_s3: bool = False, owner: str | None = None
+    ) -> dict:
         """Bind bucket ``name`` to a branch or tag of ``repo``; Conflict if the name is taken
-        (by a binding, or by another repository).
+        (by a binding, or by another repository). ``owner``: the id of the token that asked
+        (passed on by a spoke, like :meth:`Repositories.create_repo`'s).
 
         Returns the new binding. ``ref`` is a branch or tag name, not an expression.
         Raises InvalidName for a bad name, NotFound if ``repo`` does not exist or

@@ -13,8 +13,12 @@ class Repositories(abc.ABC):
     the hub (it forgets them at once when it creates or deletes one itself)."""
 
     @abc.abstractmethod
-    def create_repo(self, name: str, default_branch: str = "main") -> dict:
+    def create_repo(self, name: str, default_branch: str = "main", owner: str | None = None) -> dict:
         """Create a repository with one empty commit on its default branch; its repository dict.
+
+        ``owner``: the id of the token it is created for. The hub grants that token
+        ``admin`` on it (``hub/owners.py``); a spoke passes it on to its hub; the bare
+        engine knows no tokens and ignores it.
 
         Raises InvalidName (a BadRequest) for a bad repository or branch name, Conflict
         if the repository exists. Not idempotent: a retry of a call that did land

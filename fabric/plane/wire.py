@@ -12,6 +12,9 @@ from fabric.format.model import Commit, Entry
 MSGPACK = "application/msgpack"
 #: Response header of a stage: the branch's staging seq that holds the entries.
 STAGING_SEQ_HEADER = "X-Fabric-Staging-Seq"
+#: On a stage that replays a write which may have landed: ``SEQ HEAD``, the branch's staging
+#: seq and head when it was first tried; paths written since are left out.
+STAGE_SINCE_HEADER = "X-Fabric-Stage-Since"
 
 
 def entry_json(path: str, entry: Entry) -> dict[str, Any]:
@@ -43,11 +46,28 @@ def pack_changes(changes: dict[str, Entry | None], **fields: Any) -> bytes:
 
 
 def unpack_changes(data: bytes) -> tuple[dict[str, Entry | None], dict[str, Any]]:
-    """Decode a msgpack body ``{changes: {path: entry|None}, ...}``; BadRequest if malformed."""
+    """Decode a msgpack body ``{changes: {path: entry|None}, ...}``; BadRequest if malformed.
+
+    Decoded entry by entry (not in one C call), so a large body run in a worker thread
+    lets the event loop's thread take the interpreter between entries."""
     try:
-        body = msgpack.unpackb(data, raw=False)
-        raw = body.pop("changes")
-        changes = {str(p): (Entry.from_wire(e) if e is not None else None) for p, e in raw.items()}
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
+        unpacker.feed(data)
+        body: dict[str, Any] = {}
+        changes: dict[str, Entry | None] | None = None
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if key != "changes":
+                body[key] = unpacker.unpack()
+                continue
+            changes = {}
+            for _ in range(unpacker.read_map_header()):
+                path, wire = unpacker.unpack(), unpacker.unpack()
+                changes[str(path)] = Entry.from_wire(wire) if wire is not None else None
+        if changes is None:
+            raise KeyError("changes")
+        if unpacker.tell() != len(data):
+            raise ValueError(f"{len(data) - unpacker.tell()} bytes after the document")
     except Exception as exc:  # noqa: BLE001 - any decoding failure is the client's
         raise BadRequest(f"malformed msgpack body: expected {{changes: {{path: entry|null}}, ...}} ({exc})") from exc
     return changes, body

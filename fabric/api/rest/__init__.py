@@ -16,14 +16,14 @@ from fabric.api.rest.admin import add_admin_routes
 from fabric.api.rest.buckets import add_bucket_routes
 from fabric.api.rest.objects import add_object_routes
 from fabric.api.rest.refs import add_ref_routes
-from fabric.api.routing import API_PREFIX, ERRORS, Authenticator, PlaneGetter
+from fabric.api.routing import API_PREFIX, ERRORS, Authenticator, BoundedJsonRoute, PlaneGetter
 
 __all__ = ["Authenticator", "PlaneGetter", "build_router"]
 
 
 def build_router(get_plane: PlaneGetter, authenticate: Authenticator) -> APIRouter:
     """The ``/api/v1`` routes over the plane returned by ``get_plane``."""
-    router = APIRouter(prefix=API_PREFIX, responses=ERRORS)
+    router = APIRouter(prefix=API_PREFIX, responses=ERRORS, route_class=BoundedJsonRoute)
     for add_routes in (add_ref_routes, add_object_routes, add_exchange_routes, add_admin_routes, add_bucket_routes):
         add_routes(router, get_plane, authenticate)
     return router

@@ -4,7 +4,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from fabric.api.routing import Authenticator, PlaneGetter, caller, require_any
+from fabric.api.routing import Authenticator, PlaneGetter, caller
+from fabric.errors import Forbidden
 
 
 def add_admin_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authenticator) -> None:
@@ -13,7 +14,9 @@ def add_admin_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authen
 
     @router.get("/stats", tags=["admin"])
     def stats(who: Caller) -> dict:
-        require_any(who, "read")
+        """Store-wide figures: they describe every repository, so they need read access to all."""
+        if not who.can("*", "read"):
+            raise Forbidden(f"token {who.name!r} may not see store-wide stats: that needs read access to every repository")
         return plane().stats()
 
     @router.post("/admin/fsck", tags=["admin"])

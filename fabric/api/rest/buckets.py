@@ -7,7 +7,7 @@ from fabric.api.routing import Authenticator, PlaneGetter, caller
 
 
 class BucketCreate(BaseModel):
-    name: str = Field(description="bucket name: 3-63 of a-z, 0-9 and '-'")
+    name: str = Field(description="bucket name: 3-63 of a-z, 0-9, '-' and '.' (dots between letters or digits)")
     repo: str
     ref: str = Field(description="a branch or tag of the repository")
     created_by_s3: bool = False
@@ -37,11 +37,15 @@ def add_bucket_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authe
 
     @router.post("/buckets", response_model=BucketInfo, status_code=201, tags=["buckets"])
     def create_bucket(body: BucketCreate, who: Caller) -> dict:
-        """Bind an S3 bucket name to a branch or tag of a repository (plain keys over S3)."""
+        """Bind an S3 bucket name to a branch or tag of a repository (plain keys over S3).
+
+        Needs the ``admin`` role on the repository (its owner has it). ``created_by_s3``
+        (S3 DeleteBucket then deletes the repository too) needs no more: that role may
+        delete the repository anyway. ``owner`` is who asks (a spoke forwards it)."""
         who.require(body.repo, "admin")
-        if body.created_by_s3:
-            who.require_admin()
-        return plane().create_bucket(body.name, body.repo, body.ref, body.created_by_s3)
+        if who.token_id is None:  # authentication is off
+            return plane().create_bucket(body.name, body.repo, body.ref, body.created_by_s3)
+        return plane().create_bucket(body.name, body.repo, body.ref, body.created_by_s3, owner=who.token_id)
 
     @router.delete("/buckets/{name}", status_code=204, tags=["buckets"])
     def delete_bucket(name: str, who: Caller) -> Response:

@@ -12,15 +12,14 @@ from pydantic import BaseModel, Field
 
 from fabric.api.body import BodyReader
 from fabric.api.headers import InvalidRange, http_date, parse_range
-from fabric.api.routing import MAX_CHANGES_BYTES, Authenticator, Durability, PlaneGetter, caller, read_body
+from fabric.api.routing import Authenticator, Durability, PlaneGetter, caller, changes_body
 from fabric.errors import BadRequest, FabricError, RangeNotSatisfiable, Unavailable
 from fabric.format.model import Entry
 from fabric.format.paths import COMMIT_ID_RE
 from fabric.plane.dataplane import DataPlane
-from fabric.plane.wire import MSGPACK, STAGING_SEQ_HEADER, entry_json, unpack_changes
+from fabric.plane.wire import MSGPACK, STAGE_SINCE_HEADER, STAGING_SEQ_HEADER, entry_json
 
 #: A conditional stage (a replay): ``SEQ HEAD``, the branch's staging seq and head when first tried.
-STAGE_SINCE_HEADER = "X-Fabric-Stage-Since"
 STAGE_SINCE_DOC = "Conditional stage: 'SEQ HEAD' (staging seq and head commit when the write was first tried)."
 
 
@@ -246,14 +245,14 @@ def add_object_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authe
         the answer is JSON ``{"seq": ..., "skipped": [paths]}``."""
         who.require(repo, "write")
         since = _stage_since(x_fabric_stage_since)
-        changes, _ = unpack_changes(await read_body(request, MAX_CHANGES_BYTES))
-        if since is not None:
-            conditional = getattr(plane(), "stage_unless_newer", None)
-            if conditional is None:
-                raise BadRequest(f"{STAGE_SINCE_HEADER} is not supported by this server (only by a hub)")
-            seq, skipped = await anyio.to_thread.run_sync(lambda: conditional(repo, branch, changes, *since))
-            return Response(json.dumps({"seq": seq, "skipped": skipped}), media_type="application/json")
-        seq = await anyio.to_thread.run_sync(lambda: plane().stage(repo, branch, changes, x_fabric_durability))
+        async with changes_body(request) as (changes, _):
+            if since is not None:
+                conditional = getattr(plane(), "stage_unless_newer", None)
+                if conditional is None:
+                    raise BadRequest(f"{STAGE_SINCE_HEADER} is not supported by this server (only by a hub)")
+                seq, skipped = await anyio.to_thread.run_sync(lambda: conditional(repo, branch, changes, *since))
+                return Response(json.dumps({"seq": seq, "skipped": skipped}), media_type="application/json")
+            seq = await anyio.to_thread.run_sync(lambda: plane().stage(repo, branch, changes, x_fabric_durability))
         # The staging seq holding them (absent when a spoke queued them): lets a cache of the
         # branch's staging add its own write instead of fetching it back.
         return Response(status_code=204, headers={STAGING_SEQ_HEADER: str(seq)} if seq is not None else None)

@@ -8,11 +8,11 @@ import anyio
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from fabric.api.routing import MAX_CHANGES_BYTES, Authenticator, PlaneGetter, caller, read_body
+from fabric.api.routing import Authenticator, PlaneGetter, caller, changes_body
 from fabric.errors import BadRequest, NotFound
 from fabric.format.listing import Change
 from fabric.format.model import Commit
-from fabric.plane.wire import MSGPACK, unpack_changes
+from fabric.plane.wire import MSGPACK
 
 
 class RepoCreate(BaseModel):
@@ -125,8 +125,13 @@ def add_ref_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authenti
 
     @router.post("/repos", response_model=Repo, status_code=201, tags=["repositories"])
     def create_repo(body: RepoCreate, who: Caller) -> dict:
-        who.require_admin()
-        return plane().create_repo(body.name, body.default_branch)
+        """Create a repository: global admins, and tokens with the ``create-repos`` right, which
+        then own it (``admin`` role). ``owner`` tells the plane whose it is: the hub grants it,
+        a spoke forwards it."""
+        who.require_create_repos()
+        if who.token_id is None:  # authentication is off
+            return plane().create_repo(body.name, body.default_branch)
+        return plane().create_repo(body.name, body.default_branch, owner=who.token_id)
 
     @router.get("/repos/{repo}", response_model=Repo, tags=["repositories"])
     def get_repo(repo: str, who: Caller) -> dict:
@@ -199,23 +204,23 @@ def add_ref_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authenti
         """Commit explicit entries (msgpack ``{changes, message, author, meta, expected_head}``)
         whose chunks are already stored; staging is left alone."""
         who.require(repo, "write")
-        changes, fields = unpack_changes(await read_body(request, MAX_CHANGES_BYTES))
-        if not isinstance(fields.get("message"), str):
-            raise BadRequest("commit-changes needs a message")
+        async with changes_body(request) as (changes, fields):
+            if not isinstance(fields.get("message"), str):
+                raise BadRequest("commit-changes needs a message")
 
-        def run() -> Commit:
-            return plane().commit_changes(
-                repo,
-                branch,
-                changes,
-                fields["message"],
-                fields.get("author") or who.name,
-                fields.get("meta") or {},
-                fields.get("expected_head"),
-                bool(fields.get("allow_empty", False)),
-            )
+            def run() -> Commit:
+                return plane().commit_changes(
+                    repo,
+                    branch,
+                    changes,
+                    fields["message"],
+                    fields.get("author") or who.name,
+                    fields.get("meta") or {},
+                    fields.get("expected_head"),
+                    bool(fields.get("allow_empty", False)),
+                )
 
-        return _commit(await anyio.to_thread.run_sync(run))
+            return _commit(await anyio.to_thread.run_sync(run))
 
     @router.get("/repos/{repo}/commits/{commit_id}", response_model=CommitInfo, tags=["commits"])
     def get_commit(repo: str, commit_id: str, who: Caller) -> CommitInfo:

@@ -1,37 +1,59 @@
 """Who sent an S3 request, and whether they may touch a bucket's repository.
 
 :mod:`fabric.api.s3.sigv4` checks signatures; this module picks the scheme a
-request uses (SigV4 header or presigned URL, or their V2 forms), looks up the
-key pair's principal and secret through the host's ``credentials`` (cached for
-a few seconds), and checks a principal's role on a repository.
+request uses (SigV4 header or presigned URL, or their V2 forms) and checks it
+with the host's :class:`Credentials`, and checks a principal's role on a
+repository. The hub holds the S3 secrets (:class:`SecretCredentials`); a spoke
+gets derived SigV4 signing keys from its hub and lets the hub check V2
+signatures, so no secret ever leaves the hub. Credentials cache what they look
+up (and forget it when a principal's roles change); this module caches nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Protocol
 
 from fabric.api.s3 import sigv4
-from fabric.api.s3.cache import TTLCache
 from fabric.api.s3.errors import S3Error
 from fabric.auth.principal import ANONYMOUS_ADMIN, Principal
 
-#: ``credentials(access_key_id) -> (Principal, secret)``; raises for an unknown key.
-CredentialLookup = Callable[[str], tuple[Principal, str]]
+
+class Credentials(Protocol):
+    """What the gateway needs of its host to authenticate requests; each method raises to refuse the key."""
+
+    def signing_key(self, access_key: str, date: str, region: str, service: str) -> tuple[Principal, bytes]:
+        """The principal of ``access_key`` and its SigV4 signing key for one day, region and service."""
+
+    def verify_v2(self, access_key: str, strings_to_sign: Sequence[str], signature: str) -> Principal:
+        """The principal of ``access_key`` if ``signature`` signs one of ``strings_to_sign`` (SigV2);
+        S3Error SignatureDoesNotMatch if none."""
+
+
+#: The name the gateway knows the host's credentials by.
+CredentialLookup = Credentials
+
+
+class SecretCredentials:
+    """Credentials where the secrets are: ``secrets(access_key) -> (Principal, secret)``."""
+
+    def __init__(self, secrets: sigv4.SecretLookup) -> None:
+        self.signing_key = sigv4.secret_keys(secrets)
+        self.verify_v2 = sigv4.secret_v2(secrets)
 
 
 class Authenticator:
-    """Verifies requests against ``credentials``; with ``None`` every request is the anonymous admin's."""
+    """Verifies requests against ``credentials``; with ``None`` every request is the anonymous admin's.
 
-    def __init__(self, credentials: CredentialLookup | None, cache_seconds: float) -> None:
+    Nothing is cached here: the credentials cache what they look up, and know when a
+    principal's roles change (a repository it just created)."""
+
+    def __init__(self, credentials: Credentials | None) -> None:
         self.credentials = credentials
-        self._creds = TTLCache(cache_seconds)
-
-    def _lookup_credentials(self, access_key: str) -> tuple[Principal, str]:
-        assert self.credentials is not None
-        return self._creds.get(access_key, lambda: self.credentials(access_key))  # type: ignore[misc]
 
     def authenticate(self, req: sigv4.SignedRequest) -> sigv4.AuthResult:
-        if self.credentials is None:
+        creds = self.credentials
+        if creds is None:
             payload = req.headers.get("x-amz-content-sha256") or sigv4.UNSIGNED
             amz_date = req.headers.get("x-amz-date", "")
             sig = ""
@@ -42,13 +64,13 @@ class Authenticator:
                     pass
             return sigv4.AuthResult(ANONYMOUS_ADMIN, "", payload, sig, b"", amz_date, "")
         if sigv4.is_presigned(req):
-            return sigv4.verify_presigned(req, self._lookup_credentials)
+            return sigv4.verify_presigned(req, creds.signing_key)
         if sigv4.is_presigned_v2(req):
-            return sigv4.verify_v2_presigned(req, self._lookup_credentials)
+            return sigv4.verify_v2_presigned(req, creds.verify_v2)
         if "authorization" in req.headers:
             if req.headers["authorization"].startswith("AWS "):
-                return sigv4.verify_v2_header(req, self._lookup_credentials)
-            return sigv4.verify_header(req, self._lookup_credentials)
+                return sigv4.verify_v2_header(req, creds.verify_v2)
+            return sigv4.verify_header(req, creds.signing_key)
         raise S3Error("AccessDenied", "Anonymous access is not allowed: sign requests with a fabric token's S3 key pair", 403)
 
 

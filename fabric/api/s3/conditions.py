@@ -1,5 +1,5 @@
 """Conditional requests: ``If-Match``, ``If-None-Match``, ``If-(Un)Modified-Since``
-on reads and copy sources, and conditional writes (``If-None-Match: *``, ``If-Match``).
+on reads and copy sources, and conditional writes (``If-None-Match``, ``If-Match``).
 
 A conditional write is checked and staged under a lock per key (:class:`KeyLocks`),
 so two writers cannot both see the key absent and both write it.
@@ -10,10 +10,11 @@ from __future__ import annotations
 import threading
 
 from fabric.api.headers import http_date, parse_http_date
+from fabric.api.s3.entrymeta import slash_key
 from fabric.api.s3.errors import S3Error
 from fabric.api.s3.request import Ctx
 from fabric.errors import NotFound
-from fabric.format.model import Entry
+from fabric.format.model import DIR, FILE, Entry
 from fabric.plane.dataplane import DataPlane
 
 
@@ -63,19 +64,26 @@ def is_conditional_write(ctx: Ctx) -> bool:
 
 
 def check_write_conditions(plane: DataPlane, ctx: Ctx, repo: str, branch: str, path: str, key: str) -> None:
-    """Conditional writes: ``If-None-Match: *`` (only if absent), ``If-Match: ETAG``."""
+    """Conditional writes (PutObject, CopyObject, CompleteMultipartUpload).
+
+    ``If-None-Match``: ``*`` writes only where nothing is stored at the key's path (keys
+    ``a`` and ``a/`` share one, :mod:`fabric.api.s3.namespace`); an ETag list writes unless
+    the object at the key has one of them. ``If-Match``: writes only over the object at the
+    key with one of those ETags (NoSuchKey when there is none). A failed condition is 412.
+    """
     if_none = ctx.header("if-none-match")
     if_match = ctx.header("if-match")
     if if_none is None and if_match is None:
         return
-    if if_none is not None and if_none.strip() != "*":
-        raise S3Error("NotImplemented", "If-None-Match on a write accepts only '*'", 501)
     try:
-        current: Entry | None = plane.stat(repo, branch, path)
+        stored: Entry | None = plane.stat(repo, branch, path)
     except NotFound:
-        current = None
-    if if_none is not None and current is not None:
-        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold", 412, Condition="If-None-Match")
+        stored = None
+    current = stored if stored is not None and stored.kind in (FILE, DIR) and slash_key(stored) == key.endswith("/") else None
+    if if_none is not None:
+        taken = stored is not None if if_none.strip() == "*" else current is not None and etag_matches(if_none, current.md5)
+        if taken:
+            raise S3Error("PreconditionFailed", "At least one of the pre-conditions you specified did not hold", 412, Condition="If-None-Match")
     if if_match is not None:
         if current is None:
             raise S3Error("NoSuchKey", "The specified key does not exist.", 404, Key=key)

@@ -5,18 +5,20 @@ from __future__ import annotations
 from fabric.api.s3 import sigv4
 from fabric.api.s3.auth import Authenticator
 from fabric.api.s3.buckets import BucketHandlers
+from fabric.api.s3.cors import preflight_refusal
 from fabric.api.s3.errors import S3Error
 from fabric.api.s3.listing import Listing
 from fabric.api.s3.multipart_handlers import MultipartHandlers
-from fabric.api.s3.namespace import Namespace
+from fabric.api.s3.namespace import Namespace, check_key_encoding
 from fabric.api.s3.objects import ObjectHandlers
 from fabric.api.s3.request import Ctx
 from fabric.api.s3.transport import AsgiBody, GatewayStats, Response
+from fabric.api.s3.versions import VersionHandlers
 
 #: Sub-resources we answer NotImplemented (rather than mistaking them for a plain GET/PUT).
 UNSUPPORTED = {
     "policy", "cors", "lifecycle", "website", "logging", "notification", "replication", "encryption",
-    "object-lock", "retention", "legal-hold", "versions", "accelerate", "requestPayment", "ownershipControls",
+    "object-lock", "retention", "legal-hold", "accelerate", "requestPayment", "ownershipControls",
     "publicAccessBlock", "intelligent-tiering", "inventory", "metrics", "analytics", "restore", "select",
     "torrent", "attributes", "policyStatus", "rename",
 }
@@ -46,8 +48,13 @@ class Dispatcher:
         self.listing = listing
         self.objects = objects
         self.multipart = multipart
+        self.versions = VersionHandlers(namespace.plane, namespace)
 
     def handle(self, req: sigv4.SignedRequest, rid: str, body: AsgiBody, op: list[str]) -> Response:
+        if req.method == "OPTIONS":
+            op[0] = "PreflightRequest"
+            raise preflight_refusal(req)
+        check_key_encoding(req.raw_path)
         auth = self.auth.authenticate(req)
         q = {k: v for k, v in req.query}
         ctx = Ctx(req, rid, auth.principal, auth, body, q, self.stats)
@@ -70,11 +77,17 @@ class Dispatcher:
     def _bucket_op(self, ctx: Ctx, m: str, name: str, op: list[str]) -> Response:
         q = ctx.q
         if m == "PUT":
-            if "versioning" in q or "acl" in q or "tagging" in q:
+            if "versioning" in q:
+                op[0] = "PutBucketVersioning"
+                return self.versions.put_versioning(ctx, self.namespace.bucket(name))
+            if "tagging" in q:
                 raise S3Error("NotImplemented", "bucket configuration cannot be changed on this gateway", 501)
+            if "acl" in q:
+                op[0] = "PutBucketAcl"
+                return self.buckets.put_acl(ctx, self.namespace.bucket(name))
             op[0] = "CreateBucket"
             return self.buckets.create_bucket(ctx, name)
-        b = self.namespace.bucket(name)
+        b = self.namespace.bucket(name, fresh=m == "POST" and "delete" in q)
         if m == "HEAD":
             op[0] = "HeadBucket"
             return self.buckets.head_bucket(ctx, b)
@@ -93,10 +106,13 @@ class Dispatcher:
             return self.buckets.location(ctx, b)
         if "versioning" in q:
             op[0] = "GetBucketVersioning"
-            return self.buckets.versioning(ctx, b)
+            return self.versions.get_versioning(ctx, b)
+        if "versions" in q:
+            op[0] = "ListObjectVersions"
+            return self.versions.list_versions(ctx, b)
         if "acl" in q:
             op[0] = "GetBucketAcl"
-            return self.buckets.acl(ctx, b)
+            return self.buckets.get_acl(ctx, b)
         if "tagging" in q:
             raise S3Error("NoSuchTagSet", "The TagSet does not exist", 404)
         if "uploads" in q:
@@ -110,7 +126,7 @@ class Dispatcher:
 
     def _object_op(self, ctx: Ctx, m: str, bucket_name: str, key: str, op: list[str]) -> Response:
         q = ctx.q
-        b = self.namespace.bucket(bucket_name)
+        b = self.namespace.bucket(bucket_name, fresh=m == "DELETE" and "uploadId" not in q)
         if m in ("GET", "HEAD"):
             if "uploadId" in q and m == "GET":
                 op[0] = "ListParts"
@@ -120,12 +136,15 @@ class Dispatcher:
                 return self.objects.get_tagging(ctx, b, key)
             if "acl" in q:
                 op[0] = "GetObjectAcl"
-                return self.buckets.acl(ctx, b)
+                return self.buckets.get_acl(ctx, b, key)
             op[0] = "HeadObject" if m == "HEAD" else "GetObject"
             return self.objects.get_object(ctx, b, key, m == "HEAD")
         if m == "PUT":
-            if "tagging" in q or "acl" in q:
-                raise S3Error("NotImplemented", "object tags and ACLs are not supported by this gateway", 501)
+            if "acl" in q:
+                op[0] = "PutObjectAcl"
+                return self.buckets.put_acl(ctx, b, key)
+            if "tagging" in q:
+                raise S3Error("NotImplemented", "object tags are not supported by this gateway", 501)
             if "uploadId" in q or "partNumber" in q:
                 if ctx.header("x-amz-copy-source"):
                     op[0] = "UploadPartCopy"

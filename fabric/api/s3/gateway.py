@@ -33,6 +33,7 @@ from fabric.api.s3.autocommit import AutoCommitter
 from fabric.api.s3.buckets import BucketHandlers
 from fabric.api.s3.dispatch import Dispatcher
 from fabric.api.s3.listing import Listing
+from fabric.api.s3.locations import BucketLocations
 from fabric.api.s3.multipart import Uploads
 from fabric.api.s3.multipart_handlers import MultipartHandlers
 from fabric.api.s3.namespace import BindingLookup, Namespace, plane_bindings
@@ -67,10 +68,10 @@ class S3Gateway:
         objects = ObjectHandlers(plane, namespace, self.stats, self.autocommit)
         self.multipart = MultipartHandlers(plane, namespace, objects, self.uploads, self.stats, upload_expiry)
         dispatcher = Dispatcher(
-            Authenticator(credentials, cache_seconds),
+            Authenticator(credentials),
             namespace,
             self.stats,
-            BucketHandlers(plane, namespace, region),
+            BucketHandlers(plane, namespace, region, BucketLocations(state_dir)),
             Listing(plane),
             objects,
             self.multipart,

@@ -13,6 +13,7 @@ from typing import Any
 
 from fabric.api.s3 import xml as X
 from fabric.api.s3.auth import require
+from fabric.api.s3.entrymeta import slash_key
 from fabric.api.s3.errors import S3Error, from_fabric
 from fabric.api.s3.namespace import Bucket
 from fabric.api.s3.request import Ctx, iso8601, owner_xml, xml_response
@@ -43,10 +44,10 @@ class Listing:
             raise S3Error("InvalidArgument", "max-keys must be zero or more", 400)
         max_keys = min(max_keys, 1000)
         if v2:
-            token = q.get("continuation-token")
+            token = q.get("continuation-token")  # an empty one is no token (and is echoed as given)
             start_after = q.get("start-after", "")
             marker = start_after
-            if token is not None:
+            if token:
                 try:
                     marker = base64.urlsafe_b64decode(token.encode()).decode()
                     if not marker.startswith("k:"):
@@ -150,7 +151,7 @@ class Listing:
         if prefix.endswith("/") and len(prefix) > 1 and (not after or after < prefix):
             try:
                 e = self.plane.stat(repo, ref, prefix[:-1])
-                if e.kind == DIR:
+                if slash_key(e):
                     contents.append((head + prefix, e))
             except FabricError:
                 pass
@@ -183,12 +184,9 @@ class Listing:
                     after = path
                     continue
                 after = path
-                if e.kind == FILE:
-                    key = head + path
-                elif e.kind == DIR:
-                    key = head + path + "/"
-                else:
+                if e.kind not in (FILE, DIR):
                     continue
+                key = head + path + ("/" if slash_key(e) else "")
                 if delimiter:
                     rest = key[len(head) + len(prefix) :]
                     cut = rest.find(delimiter)

@@ -3,7 +3,10 @@
 Parts are chunked and stored as they arrive (through the data plane's chunk
 sink), so only their chunk lists and MD5s live here: a small SQLite database
 in the gateway's state directory. Completing an upload concatenates the parts'
-chunk lists into one file entry; nothing is copied.
+chunk lists into one file entry; nothing is copied. A completed upload is
+remembered for :data:`COMPLETED_TTL` (S3 answers a repeated completion with the
+same result), and the object keeps its part sizes (:func:`encode_part_sizes`) so
+that GET/HEAD ``?partNumber=N`` can serve one part.
 """
 
 from __future__ import annotations
@@ -41,11 +44,25 @@ CREATE TABLE IF NOT EXISTS parts (
     modified REAL NOT NULL,
     PRIMARY KEY (upload_id, number)
 );
+CREATE TABLE IF NOT EXISTS completed (
+    id TEXT PRIMARY KEY,
+    bucket TEXT NOT NULL,
+    key TEXT NOT NULL,
+    repo TEXT NOT NULL,
+    branch TEXT NOT NULL,
+    path TEXT NOT NULL,
+    etag TEXT NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    done REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS completed_by_time ON completed (done);
 """
 
 MIN_PART_SIZE = 5 * 1024 * 1024
 MAX_PART_SIZE = 5 * 1024 * 1024 * 1024
 MAX_PARTS = 10000
+#: How long a completed upload is remembered, to answer a repeated CompleteMultipartUpload.
+COMPLETED_TTL = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,48 @@ class Part:
     etag: str
     size: int
     modified: float
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A completed upload: where its object went, and that object's identity (ETag, mtime)."""
+
+    id: str
+    bucket: str
+    key: str
+    repo: str
+    branch: str
+    path: str
+    etag: str
+    mtime_ns: int
+    done: float
+
+
+def encode_part_sizes(sizes: list[int]) -> str:
+    """Part sizes as ``SIZE*COUNT`` runs joined by ',' (``5242880*3,17``): short for the usual
+    uploads, whose parts are all one size but the last."""
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return ",".join(f"{size}*{count}" if count > 1 else str(size) for size, count in runs)
+
+
+def decode_part_sizes(text: str) -> list[int] | None:
+    """The sizes :func:`encode_part_sizes` wrote; ``None`` for anything malformed."""
+    sizes: list[int] = []
+    try:
+        for run in text.split(","):
+            size, _, count = run.partition("*")
+            n = int(count) if count else 1
+            if n < 1 or int(size) < 0 or len(sizes) + n > MAX_PARTS:
+                return None
+            sizes.extend([int(size)] * n)
+    except ValueError:
+        return None
+    return sizes or None
 
 
 def multipart_etag(part_md5s: list[str]) -> str:
@@ -118,6 +177,33 @@ class Uploads:
     def part_chunks(self, upload_id: str) -> dict[int, tuple[str, int, list[tuple[bytes, int]]]]:
         rows = self._db.execute("SELECT number, etag, size, chunks FROM parts WHERE upload_id = ?", (upload_id,))
         return {n: (etag, size, [(bytes(c), k) for c, k in msgpack.unpackb(blob, raw=False)]) for n, etag, size, blob in rows}
+
+    def complete(self, up: Upload, etag: str, mtime_ns: int) -> None:
+        """Forget the upload and its parts, and remember that it completed (see :meth:`completed`)."""
+        with self._db.transaction() as cur:
+            cur.execute("DELETE FROM parts WHERE upload_id = ?", (up.id,))
+            cur.execute("DELETE FROM uploads WHERE id = ?", (up.id,))
+            cur.execute(
+                "INSERT OR REPLACE INTO completed (id, bucket, key, repo, branch, path, etag, mtime_ns, done) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                (up.id, up.bucket, up.key, up.repo, up.branch, up.path, etag, mtime_ns, time.time()),
+            )
+
+    def completed(self, upload_id: str, now: float | None = None) -> Completed | None:
+        """The completed upload of this id, if it completed less than :data:`COMPLETED_TTL` ago."""
+        now = time.time() if now is None else now
+        rows = self._db.execute(
+            "SELECT id, bucket, key, repo, branch, path, etag, mtime_ns, done FROM completed WHERE id = ? AND done > ?",
+            (upload_id, now - COMPLETED_TTL),
+        )
+        return Completed(*rows[0]) if rows else None
+
+    def prune_completed(self, now: float | None = None) -> int:
+        """Forget completions older than :data:`COMPLETED_TTL`; how many were forgotten."""
+        now = time.time() if now is None else now
+        with self._db.transaction() as cur:
+            cur.execute("DELETE FROM completed WHERE done <= ?", (now - COMPLETED_TTL,))
+            return cur.rowcount
 
     def delete(self, upload_id: str) -> bool:
         with self._db.transaction() as cur:

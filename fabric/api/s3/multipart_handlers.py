@@ -2,7 +2,9 @@
 ListMultipartUploads, over the upload state of :mod:`fabric.api.s3.multipart`.
 
 Parts are chunked into the plane as they arrive; completing an upload stages one
-file entry whose chunk list is the parts' lists end to end. Chunks of uploads in
+file entry whose chunk list is the parts' lists end to end, with the part sizes in
+its metadata (for GET/HEAD ``?partNumber=``). A repeated completion of an upload
+answers as the first did while the key still holds that object. Chunks of uploads in
 progress are kept from garbage collection, and old uploads aborted, by
 :meth:`MultipartHandlers.maintain_uploads` (run every 20 minutes in a thread).
 """
@@ -17,13 +19,22 @@ from collections.abc import Iterator
 
 from fabric.api.s3 import xml as X
 from fabric.api.s3.auth import require
+from fabric.api.s3.entrymeta import PARTS, slash_key
 from fabric.api.s3.errors import S3Error, from_fabric
-from fabric.api.s3.multipart import MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE, Upload, Uploads, multipart_etag
-from fabric.api.s3.namespace import Bucket, Namespace
+from fabric.api.s3.multipart import (
+    MAX_PART_SIZE,
+    MAX_PARTS,
+    MIN_PART_SIZE,
+    Upload,
+    Uploads,
+    encode_part_sizes,
+    multipart_etag,
+)
+from fabric.api.s3.namespace import Bucket, Namespace, stored_entry
 from fabric.api.s3.objects import ObjectHandlers, meta_from_headers
 from fabric.api.s3.request import Ctx, iso8601, owner_xml, xml_response
 from fabric.api.s3.transport import GatewayStats, Response
-from fabric.errors import BadRequest, FabricError
+from fabric.errors import BadRequest, FabricError, NotFound
 from fabric.format.ingest import file_entry
 from fabric.plane.dataplane import DataPlane
 
@@ -79,8 +90,10 @@ class MultipartHandlers:
     # -- upload maintenance --------------------------------------------------------------
     def maintain_uploads(self, now: float | None = None) -> dict:
         """Keep the chunks of uploads in progress from garbage collection (asking the plane
-        which of them it lacks refreshes them), and abort uploads older than ``upload_expiry``."""
+        which of them it lacks refreshes them), abort uploads older than ``upload_expiry``, and
+        forget old completions."""
         now = time.time() if now is None else now
+        self.uploads.prune_completed(now)
         touched = aborted = 0
         for up in self.uploads.all():
             if now - up.created > self.upload_expiry:
@@ -102,9 +115,7 @@ class MultipartHandlers:
 
     # -- operations -----------------------------------------------------------------------
     def create_upload(self, ctx: Ctx, b: Bucket, key: str) -> Response:
-        ref, path, is_dir = self.namespace.locate_write(ctx.who, b, key)
-        if is_dir:
-            raise S3Error("InvalidArgument", "a key ending in '/' is a directory marker and cannot be uploaded in parts", 400)
+        ref, path, _ = self.namespace.locate_write(ctx.who, b, key)
         meta = meta_from_headers(ctx.req.headers)
         upload_id = self.uploads.create(b.name, key, b.repo, ref, path, meta, ctx.who.token_id or ctx.who.name)
         body = X.el("Bucket", b.name) + X.el("Key", key) + X.el("UploadId", upload_id)
@@ -138,7 +149,7 @@ class MultipartHandlers:
         if not 1 <= number <= MAX_PARTS:
             raise S3Error("InvalidArgument", f"Part number must be an integer between 1 and {MAX_PARTS}, inclusive", 400)
         if copy:
-            chunks, md5 = self._copy_part(ctx)
+            chunks, md5 = self._copy_part(ctx, up.repo)
             size = sum(n for _, n in chunks)
         else:
             declared = ctx.header("content-length")
@@ -146,7 +157,7 @@ class MultipartHandlers:
                 raise S3Error("EntityTooLarge", "Your proposed upload exceeds the maximum allowed size", 400)
             stream = ctx.payload()
             try:
-                chunks, md5 = self.objects.ingest(stream)
+                chunks, md5 = self.objects.ingest(up.repo, stream)
             except FabricError as exc:
                 raise from_fabric(exc) from None
             size = sum(n for _, n in chunks)
@@ -164,9 +175,10 @@ class MultipartHandlers:
             headers[f"x-amz-checksum-{algo}"] = value
         return Response(200, headers)
 
-    def _copy_part(self, ctx: Ctx) -> tuple[list[tuple[bytes, int]], str]:
-        """The chunks and MD5 of the copy source, or of ``x-amz-copy-source-range``: unlike
-        ``Range``, exactly ``bytes=first-last`` and inside the object, or the request fails."""
+    def _copy_part(self, ctx: Ctx, repo: str) -> tuple[list[tuple[bytes, int]], str]:
+        """The chunks (made chunks of ``repo``) and MD5 of the copy source, or of
+        ``x-amz-copy-source-range``: unlike ``Range``, exactly ``bytes=first-last`` and
+        inside the object, or the request fails."""
         sb, sref, spath, entry = self.objects.copy_source(ctx)
         rng = ctx.header("x-amz-copy-source-range")
         whole = True
@@ -182,13 +194,14 @@ class MultipartHandlers:
                 raise S3Error("InvalidRange", "The requested range is not satisfiable", 416)
             length = end - offset + 1
             whole = offset == 0 and length == entry.size
-        if whole and "-" not in entry.md5 and entry.md5:
-            return list(entry.chunks), entry.md5
         try:
+            if whole and "-" not in entry.md5 and entry.md5:
+                self.objects.share(sb.repo, repo, entry.chunks)
+                return list(entry.chunks), entry.md5
             if length == 0:
                 return [], hashlib.md5(b"").hexdigest()
             pieces = self.plane.open_file(sb.repo, sref, spath, entry, offset, length)
-            return self.objects.ingest(_RangeReader(iter(pieces)))
+            return self.objects.ingest(repo, _RangeReader(iter(pieces)))
         except FabricError as exc:
             raise from_fabric(exc) from None
 
@@ -219,15 +232,17 @@ class MultipartHandlers:
         return xml_response(X.doc("ListPartsResult", "".join(out)))
 
     def complete_upload(self, ctx: Ctx, b: Bucket, key: str) -> Response:
+        if self.uploads.get(ctx.q.get("uploadId", "")) is None:
+            etag = self._completed_before(ctx, b, key)
+            if etag is not None:
+                return _complete_result(b, key, etag)
         up = self._upload(ctx, b, key)
-        wanted = X.parse_complete(ctx.read_small())
+        chosen = _chosen_parts(X.parse_complete(ctx.read_small()))
         have = self.uploads.part_chunks(up.id)
-        numbers = [n for n, _ in wanted]
-        if numbers != sorted(numbers) or len(set(numbers)) != len(numbers):
-            raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order. Parts must be ordered by part number.", 400)
         chunks: list[tuple[bytes, int]] = []
         md5s: list[str] = []
-        for i, (n, etag) in enumerate(wanted):
+        sizes: list[int] = []
+        for i, (n, etag) in enumerate(chosen):
             part = have.get(n)
             if part is None or part[0] != etag.lower():
                 raise S3Error(
@@ -237,28 +252,44 @@ class MultipartHandlers:
                     400,
                     PartNumber=str(n),
                 )
-            if i < len(wanted) - 1 and part[1] < MIN_PART_SIZE:
+            if i < len(chosen) - 1 and part[1] < MIN_PART_SIZE:
                 raise S3Error(
                     "EntityTooSmall", "Your proposed upload is smaller than the minimum allowed object size.", 400,
                     PartNumber=str(n), ProposedSize=str(part[1]), MinSizeAllowed=str(MIN_PART_SIZE),
                 )
             chunks.extend(part[2])
             md5s.append(part[0])
+            sizes.append(part[1])
         etag = multipart_etag(md5s)
-        entry = file_entry(chunks, etag, 0o644, time.time_ns(), up.meta)
+        meta = {**up.meta, PARTS: encode_part_sizes(sizes)}
+        entry = stored_entry(file_entry(chunks, etag, 0o644, time.time_ns(), meta), key.endswith("/"))
         try:
             self.objects.stage(ctx, up.repo, up.branch, up.path, key, entry)
         except BadRequest as exc:
-            if "not in the store" in exc.message:
+            if "not stored for repository" in exc.message:
                 raise S3Error("InvalidPart", "parts of this upload are no longer stored (expired); upload them again", 400) from None
             raise from_fabric(exc) from None
         except FabricError as exc:
             raise from_fabric(exc) from None
-        self.uploads.delete(up.id)
-        body = (
-            X.el("Location", f"/{b.name}/{key}") + X.el("Bucket", b.name) + X.el("Key", key) + X.el("ETag", f'"{etag}"')
-        )
-        return xml_response(X.doc("CompleteMultipartUploadResult", body))
+        self.uploads.complete(up, etag, entry.mtime_ns)
+        return _complete_result(b, key, etag)
+
+    def _completed_before(self, ctx: Ctx, b: Bucket, key: str) -> str | None:
+        """The ETag of the object this upload made, if it completed recently into this key
+        and the key still holds that object (S3 answers a repeated completion with success)."""
+        done = self.uploads.completed(ctx.q.get("uploadId", ""))
+        if done is None or done.bucket != b.name or done.key != key:
+            return None
+        require(ctx.who, b.repo, "write")
+        try:
+            e = self.plane.stat(done.repo, done.branch, done.path)
+        except NotFound:
+            return None
+        except FabricError as exc:
+            raise from_fabric(exc) from None
+        if e.md5 != done.etag or e.mtime_ns != done.mtime_ns or slash_key(e) != key.endswith("/"):
+            return None
+        return done.etag
 
     def abort_upload(self, ctx: Ctx, b: Bucket, key: str) -> Response:
         up = self._upload(ctx, b, key)
@@ -295,3 +326,18 @@ class MultipartHandlers:
                 f"{owner_xml(ctx)}<StorageClass>STANDARD</StorageClass>{X.el('Initiated', iso8601(up.created))}</Upload>"
             )
         return xml_response(X.doc("ListMultipartUploadsResult", "".join(out)))
+
+
+def _chosen_parts(wanted: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The parts a CompleteMultipartUpload list names, in order: part numbers must not go
+    down (InvalidPartOrder); a number named more than once counts once, by its last mention
+    (a part uploaded twice is completed with its last upload, as S3 does)."""
+    numbers = [n for n, _ in wanted]
+    if any(later < earlier for earlier, later in zip(numbers, numbers[1:])):
+        raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order. Parts must be ordered by part number.", 400)
+    return list(dict(wanted).items())
+
+
+def _complete_result(b: Bucket, key: str, etag: str) -> Response:
+    body = X.el("Location", f"/{b.name}/{key}") + X.el("Bucket", b.name) + X.el("Key", key) + X.el("ETag", f'"{etag}"')
+    return xml_response(X.doc("CompleteMultipartUploadResult", body))

@@ -3,24 +3,61 @@
 A bucket is either a repository, whose keys are ``REF/PATH`` (a branch, tag or
 commit id, then the path), or a *bound* bucket whose keys are plain paths on one
 branch or tag. Writes go only to branches.
+
+A key ending in '/' names the path without its slash (:func:`stored_entry`): keys
+``a`` and ``a/`` share the path ``a``, so writing one replaces the other.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import unquote_to_bytes
 
 from fabric.api.s3.auth import require
 from fabric.api.s3.cache import TTLCache
+from fabric.api.s3.entrymeta import PARTS, SLASH_KEY, slash_key
 from fabric.api.s3.errors import S3Error, from_fabric
 from fabric.auth.principal import Principal
 from fabric.errors import BadRequest, FabricError, NotFound
-from fabric.format.model import DIR, FILE, Entry
+from fabric.format.model import DEFAULT_DIR_MODE, DIR, FILE, Entry
 from fabric.format.paths import check_path, check_repo_name
 from fabric.plane.dataplane import DataPlane
 
 #: ``buckets(name) -> dict | None``: the binding of a bucket name, ``None`` when unbound.
 BindingLookup = Callable[[str], "dict | None"]
+EMPTY_MD5 = hashlib.md5(b"").hexdigest()
+
+
+def check_key_encoding(raw_path: str) -> None:
+    """InvalidURI (400) for a request path whose percent-decoded bytes are not UTF-8
+    (``raw_path``: as sent, one character per byte)."""
+    try:
+        unquote_to_bytes(raw_path.encode("latin-1")).decode("utf-8")
+    except UnicodeError:
+        raise S3Error("InvalidURI", "Couldn't parse the specified URI.", 400) from None
+
+
+def stored_entry(entry: Entry, is_dir: bool) -> Entry:
+    """The entry to store for an object (a file or a directory marker) written at a key;
+    ``is_dir``: the key ends in '/'.
+
+    Such a key names the path without its slash. An empty object there is a directory
+    marker (a directory entry, as file systems expect); one with a body is a file flagged
+    :data:`~fabric.api.s3.entrymeta.SLASH_KEY`, which file-system views show as the file of
+    that path (shadowed, like any file, by a directory of the same name). At any other key
+    the object is a plain file.
+    """
+    meta = {k: v for k, v in entry.meta.items() if k != SLASH_KEY}
+    if is_dir and entry.size == 0:
+        meta.pop(PARTS, None)
+        return Entry(DIR, 0, DEFAULT_DIR_MODE, entry.mtime_ns, md5=entry.md5 or EMPTY_MD5, meta=meta)
+    if entry.kind == DIR:  # an empty directory marker, copied to a key without the slash
+        entry = Entry(FILE, 0, 0o644, entry.mtime_ns, md5=entry.md5 or EMPTY_MD5)
+    if is_dir:
+        meta[SLASH_KEY] = "1"
+    return entry.with_(meta=meta)
 
 
 @dataclass(frozen=True)
@@ -54,7 +91,11 @@ class Namespace:
         self._branches = TTLCache(cache_seconds)
 
     # -- buckets -----------------------------------------------------------------------
-    def bucket(self, name: str) -> Bucket:
+    def bucket(self, name: str, fresh: bool = False) -> Bucket:
+        """The bucket of this name (NoSuchBucket when there is none); ``fresh``: as it is now,
+        not as recently cached (deletes answer NoSuchBucket for a bucket deleted elsewhere)."""
+        if fresh:
+            self._buckets.drop(name)
         b = self._buckets.get(name, lambda: self.resolve_bucket(name))
         if b is None:
             raise S3Error("NoSuchBucket", "The specified bucket does not exist", 404, BucketName=name)
@@ -137,7 +178,7 @@ class Namespace:
         ref, path, is_dir = self.split(b, key, write=False)
         require(who, b.repo, "read")
         entry = self._stat(b, ref, path, key)
-        if (entry.kind == DIR) != is_dir or entry.kind not in (FILE, DIR):
+        if entry.kind not in (FILE, DIR) or slash_key(entry) != is_dir:
             raise S3Error("NoSuchKey", "The specified key does not exist.", 404, Key=key)
         return ref, path, is_dir, entry
 

@@ -7,8 +7,8 @@ standard headers S3 keeps with an object live in the entry's metadata.
 
 from __future__ import annotations
 
-import hashlib
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -17,10 +17,12 @@ from fabric.api.s3 import xml as X
 from fabric.api.s3.auth import require
 from fabric.api.s3.autocommit import AutoCommitter
 from fabric.api.s3.conditions import KeyLocks, check_read_conditions, check_write_conditions, is_conditional_write
+from fabric.api.s3.entrymeta import INTERNAL_PREFIX, internal, part_range, slash_key
 from fabric.api.s3.errors import S3Error, from_fabric
-from fabric.api.s3.namespace import Bucket, Namespace
+from fabric.api.s3.namespace import Bucket, Namespace, stored_entry
 from fabric.api.s3.request import Ctx, iso8601, xml_response
 from fabric.api.s3.transport import GatewayStats, Response
+from fabric.api.s3.versions import deleted_xml, plan_deletes, read_version, version_headers
 from fabric.errors import FabricError, NotFound, RangeNotSatisfiable
 from fabric.format.ingest import file_entry, ingest_stream
 from fabric.format.model import DIR, FILE, Entry
@@ -84,6 +86,8 @@ def object_headers(e: Entry, size: int) -> dict[str, str]:
         "Content-Length": str(size),
     }
     for k, v in e.meta.items():
+        if k.startswith(INTERNAL_PREFIX):
+            continue
         if k.startswith(SYS_PREFIX):
             name = k[len(SYS_PREFIX) :]
             h["-".join(p.capitalize() for p in name.split("-"))] = v
@@ -105,12 +109,18 @@ class ObjectHandlers:
         self._key_locks = KeyLocks()
 
     # -- the write path ---------------------------------------------------------------------
-    def ingest(self, stream: Any) -> tuple[list[tuple[bytes, int]], str]:
-        """Chunk and store a body: its chunk list and MD5."""
-        sink = self.plane.chunk_sink()
+    def ingest(self, repo: str, stream: Any) -> tuple[list[tuple[bytes, int]], str]:
+        """Chunk and store a body as chunks of ``repo``: its chunk list and MD5."""
+        sink = self.plane.chunk_sink(repo)
         chunks, md5 = ingest_stream(stream, sink)
         sink.close()
         return chunks, md5
+
+    def share(self, source_repo: str, repo: str, chunks: Sequence[tuple[bytes, int]]) -> None:
+        """Before a copy between repositories: the source's chunks become the target's too
+        (the caller may read the source: :meth:`copy_source` checked)."""
+        if source_repo != repo and chunks:
+            self.plane.share_chunks(source_repo, repo, [cid for cid, _ in chunks])
 
     def stage(self, ctx: Ctx, repo: str, branch: str, path: str, key: str, entry: Entry) -> None:
         """Stage ``entry`` at ``path``, after checking the request's write conditions under the key's lock."""
@@ -142,23 +152,37 @@ class ObjectHandlers:
             raise S3Error("NoSuchKey", "The specified key does not exist.", 404, Key=key) from None
         except FabricError as exc:
             raise from_fabric(exc) from None
-        if entry.kind != FILE or is_dir:
+        if entry.kind not in (FILE, DIR) or slash_key(entry) != is_dir:
             raise S3Error("NoSuchKey", "The specified key does not exist.", 404, Key=key)
         check_read_conditions(ctx, entry, "x-amz-copy-source-")
         return sb, ref, path, entry
 
     # -- reading ------------------------------------------------------------------------------
     def get_object(self, ctx: Ctx, b: Bucket, key: str, head: bool) -> Response:
-        ref, path, _, e = self.namespace.locate_read(ctx.who, b, key)
+        vid = ctx.q.get("versionId")
+        if vid is None:
+            ref, path, _, e = self.namespace.locate_read(ctx.who, b, key)
+        else:  # read at the commit that made the version (the branch, for its staged state)
+            ref, path, e = read_version(self.plane, self.namespace, ctx.who, b, key, vid)
         check_read_conditions(ctx, e, "")
         size = e.size if e.kind == FILE else 0
         offset, length, status = 0, size, 200
         headers = object_headers(e, size)
+        if vid is not None:
+            headers["x-amz-version-id"] = vid
         rng = ctx.header("range")
         part = ctx.q.get("partNumber")
-        if part is not None and part != "1":
-            raise S3Error("InvalidPartNumber", "The requested partnumber is not satisfiable", 416)
-        if rng and e.kind == FILE:
+        if part is not None:
+            if rng:
+                raise S3Error("InvalidRequest", "Cannot specify both Range header and partNumber query parameter", 400)
+            offset, length, count = part_range(e, part)
+            if size:
+                status = 206
+                headers["Content-Range"] = f"bytes {offset}-{offset + length - 1}/{size}"
+                headers["Content-Length"] = str(length)
+            if count is not None:
+                headers["x-amz-mp-parts-count"] = str(count)
+        elif rng and e.kind == FILE:
             parsed = requested_range(rng, size)
             if parsed is not None:
                 offset, length = parsed
@@ -188,15 +212,8 @@ class ObjectHandlers:
         check_write_conditions(self.plane, ctx, b.repo, ref, path, key)  # fail fast, before the body
         stream = ctx.payload()
         try:
-            if is_dir:
-                data = stream.read(1)
-                if data:
-                    raise S3Error("InvalidArgument", "a key ending in '/' is a directory marker and must be empty", 400, Key=key)
-                stream.read()
-                entry = Entry(DIR, 0, 0o755, time.time_ns(), md5=hashlib.md5(b"").hexdigest(), meta=meta)
-            else:
-                chunks, md5 = self.ingest(stream)
-                entry = file_entry(chunks, md5, 0o644, time.time_ns(), meta)
+            chunks, md5 = self.ingest(b.repo, stream)
+            entry = stored_entry(file_entry(chunks, md5, 0o644, time.time_ns(), meta), is_dir)
             self.stage(ctx, b.repo, ref, path, key, entry)
         except FabricError as exc:
             raise from_fabric(exc) from None
@@ -207,17 +224,26 @@ class ObjectHandlers:
         return Response(200, headers)
 
     def delete_object(self, ctx: Ctx, b: Bucket, key: str) -> Response:
+        vid = ctx.q.get("versionId")
+        headers: dict[str, str] = {}
+        if vid is not None:  # only the current version deletes anything (see plan_deletes)
+            plan = plan_deletes(self.plane, self.namespace, ctx.who, b, [(key, vid)])[0]
+            if plan.error is not None:
+                raise plan.error
+            headers = version_headers(plan)
+            if not plan.delete_key:
+                return Response(204, headers)
         ref, path, is_dir = self.namespace.locate_write(ctx.who, b, key)
         self._delete_one(b.repo, ref, path, is_dir)
         self.wrote(ctx, b.repo, ref)
-        return Response(204)
+        return Response(204, headers)
 
     def _delete_one(self, repo: str, branch: str, path: str, is_dir: bool) -> None:
         try:
             e = self.plane.stat(repo, branch, path)
         except NotFound:
             return
-        if (e.kind == DIR) != is_dir:
+        if slash_key(e) != is_dir:
             return
         try:
             self.plane.delete_object(repo, branch, path)
@@ -226,29 +252,31 @@ class ObjectHandlers:
 
     def delete_objects(self, ctx: Ctx, b: Bucket) -> Response:
         require(ctx.who, b.repo, "write")
-        keys, quiet = X.parse_delete(ctx.read_small())
+        objects, quiet = X.parse_delete_objects(ctx.read_small())
+        plans = iter(plan_deletes(self.plane, self.namespace, ctx.who, b, [(k, v) for k, v in objects if v is not None]))
         out = []
         touched: set[tuple[str, str]] = set()
-        for key in keys:
+        for key, vid in objects:
+            plan = next(plans) if vid is not None else None
             try:
-                ref, path, is_dir = self.namespace.locate_write(ctx.who, b, key)
-                self._delete_one(b.repo, ref, path, is_dir)
-                touched.add((b.repo, ref))
+                if plan is not None and plan.error is not None:
+                    raise plan.error
+                if plan is None or plan.delete_key:
+                    ref, path, is_dir = self.namespace.locate_write(ctx.who, b, key)
+                    self._delete_one(b.repo, ref, path, is_dir)
+                    touched.add((b.repo, ref))
                 if not quiet:
-                    out.append(f"<Deleted>{X.el('Key', key)}</Deleted>")
-            except S3Error as err:
-                out.append(f"<Error>{X.el('Key', key)}{X.el('Code', err.code)}{X.el('Message', err.message)}</Error>")
-            except FabricError as exc:
-                err = from_fabric(exc)
-                out.append(f"<Error>{X.el('Key', key)}{X.el('Code', err.code)}{X.el('Message', err.message)}</Error>")
+                    out.append(f"<Deleted>{X.el('Key', key)}{deleted_xml(plan) if plan else ''}</Deleted>")
+            except (S3Error, FabricError) as exc:
+                err = exc if isinstance(exc, S3Error) else from_fabric(exc)
+                version = X.el("VersionId", vid) if vid is not None else ""
+                out.append(f"<Error>{X.el('Key', key)}{version}{X.el('Code', err.code)}{X.el('Message', err.message)}</Error>")
         for repo, branch in touched:
             self.wrote(ctx, repo, branch)
         return xml_response(X.doc("DeleteResult", "".join(out)))
 
     def copy_object(self, ctx: Ctx, b: Bucket, key: str) -> Response:
         ref, path, is_dir = self.namespace.locate_write(ctx.who, b, key)
-        if is_dir:
-            raise S3Error("InvalidArgument", "cannot copy onto a directory marker key", 400, Key=key)
         sb, sref, spath, entry = self.copy_source(ctx)
         directive = (ctx.header("x-amz-metadata-directive") or "COPY").upper()
         if directive not in ("COPY", "REPLACE"):
@@ -260,10 +288,11 @@ class ObjectHandlers:
                 "object's metadata, storage class, website redirect location or encryption attributes.",
                 400,
             )
-        meta = entry.meta if directive == "COPY" else meta_from_headers(ctx.req.headers)
+        meta = entry.meta if directive == "COPY" else {**meta_from_headers(ctx.req.headers), **internal(entry.meta)}
         now = time.time_ns()
-        new = entry.with_(mtime_ns=now, meta=dict(meta), mode=0o644, uid=None, gid=None)
+        new = stored_entry(entry.with_(mtime_ns=now, meta=dict(meta), mode=0o644, uid=None, gid=None), is_dir)
         try:
+            self.share(sb.repo, b.repo, entry.chunks)
             self.stage(ctx, b.repo, ref, path, key, new)
         except FabricError as exc:
             raise from_fabric(exc) from None

@@ -1,5 +1,5 @@
 """One S3 request as the handlers see it: who sent it, its query, its verified body;
-and the pieces their answers share (XML responses, owner and ACL documents, times)."""
+and the pieces their answers share (XML responses, owner documents, times)."""
 
 from __future__ import annotations
 
@@ -75,12 +75,3 @@ def xml_response(body: bytes, status: int = 200) -> Response:
 
 def owner_xml(ctx: Ctx) -> str:
     return X.owner(ctx.who.name, ctx.who.token_id or "anonymous")
-
-
-def acl_xml(ctx: Ctx) -> bytes:
-    grant = (
-        '<Grant><Grantee xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" xsi:type="CanonicalUser">'
-        f"{X.el('ID', ctx.who.token_id or 'anonymous')}{X.el('DisplayName', ctx.who.name)}</Grantee>"
-        "<Permission>FULL_CONTROL</Permission></Grant>"
-    )
-    return X.doc("AccessControlPolicy", f"{owner_xml(ctx)}<AccessControlList>{grant}</AccessControlList>")

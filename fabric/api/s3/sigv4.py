@@ -39,26 +39,34 @@ STREAMING_MODES = (STREAMING_SIGNED, STREAMING_SIGNED_TRAILER, STREAMING_UNSIGNE
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 MAX_SKEW = 15 * 60
 MAX_PRESIGN_EXPIRES = 7 * 24 * 3600
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 _SPACES = re.compile(r"\s+")
 
-#: Secret lookup: access key id -> (principal, secret). Raises to refuse the key.
-CredentialLookup = Callable[[str], tuple[Any, str]]
+#: V4 key lookup: ``(access key id, date YYYYMMDD, region, service) -> (principal, signing key)``,
+#: the key derived by :func:`signing_key`. Raises to refuse the key. A host that does not hold
+#: the secret (a spoke) gets the derived key from one that does.
+SigningKeyLookup = Callable[[str, str, str, str], tuple[Any, bytes]]
+#: V2 check: ``(access key id, candidate strings to sign, signature) -> principal``; raises
+#: S3Error SignatureDoesNotMatch when no candidate matches, anything else to refuse the key.
+V2Verifier = Callable[[str, Sequence[str], str], Any]
+#: Secret lookup: ``access key id -> (principal, secret)``; only where the secret is (the hub).
+SecretLookup = Callable[[str], tuple[Any, str]]
 
 
-_UNRESERVED = re.compile(r"^[A-Za-z0-9_.~-]*$")
-_UNRESERVED_PATH = re.compile(r"^[A-Za-z0-9_.~/-]*$")
+# Used with fullmatch: "$" would also match before a trailing newline, leaving it unescaped.
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*")
+_UNRESERVED_PATH = re.compile(r"[A-Za-z0-9_.~/-]*")
 
 
 def _quote(s: str, safe: str = "-_.~") -> str:
-    if _UNRESERVED.match(s):
+    if _UNRESERVED.fullmatch(s):
         return s
     return quote(s, safe=safe)
 
 
 def uri_encode_path(path: str) -> str:
     """S3's canonical URI for a decoded path: every byte but unreserved ones and '/' escaped."""
-    if _UNRESERVED_PATH.match(path):
+    if _UNRESERVED_PATH.fullmatch(path):
         return path
     return quote(path, safe="-_.~/")
 
@@ -111,6 +119,46 @@ class _KeyCache:
 _KEYS = _KeyCache()
 
 
+def secret_keys(secrets: SecretLookup) -> SigningKeyLookup:
+    """A V4 key lookup over a secret lookup (derived keys cached per secret and day)."""
+
+    def keys(access_key: str, date: str, region: str, service: str) -> tuple[Any, bytes]:
+        principal, secret = secrets(access_key)
+        return principal, _KEYS.get(secret, date, region, service)
+
+    return keys
+
+
+def v2_signature(secret: str, string_to_sign: str) -> str:
+    return base64.b64encode(hmac.new(secret.encode(), string_to_sign.encode(), hashlib.sha1).digest()).decode()
+
+
+def v2_matches(secret: str, strings_to_sign: Sequence[str], signature: str) -> bool:
+    """Whether ``signature`` signs one of ``strings_to_sign`` with ``secret`` (Signature Version 2)."""
+    return any(hmac.compare_digest(v2_signature(secret, sts), signature) for sts in strings_to_sign)
+
+
+def secret_v2(secrets: SecretLookup) -> V2Verifier:
+    """A V2 check over a secret lookup."""
+
+    def verify(access_key: str, strings_to_sign: Sequence[str], signature: str) -> Any:
+        principal, secret = secrets(access_key)
+        if not v2_matches(secret, strings_to_sign, signature):
+            raise _mismatch()
+        return principal
+
+    return verify
+
+
+def _mismatch() -> S3Error:
+    return S3Error(
+        "SignatureDoesNotMatch",
+        "The request signature we calculated does not match the signature you provided. "
+        "Check your key and signing method.",
+        403,
+    )
+
+
 def sign(key: bytes, string_to_sign: str) -> str:
     return hmac.new(key, string_to_sign.encode(), hashlib.sha256).hexdigest()
 
@@ -147,11 +195,11 @@ class AuthResult:
     extra: dict = field(default_factory=dict)
 
 
-_AMZ_DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z$")
+_AMZ_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z")
 
 
 def _parse_amz_date(text: str) -> float:
-    m = _AMZ_DATE.match(text or "")
+    m = _AMZ_DATE.fullmatch(text or "")
     if m:
         y, mo, d, hh, mm, ss = (int(g) for g in m.groups())
         if 1 <= mo <= 12 and 1 <= d <= 31 and hh < 24 and mm < 60 and ss < 61:
@@ -173,11 +221,11 @@ def _header_date(req: SignedRequest) -> tuple[str, float]:
     raise S3Error("AccessDenied", "the request is signed but has neither an X-Amz-Date nor a Date header", 403)
 
 
-_CRED_RE = re.compile(r"^([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request$")
+_CRED_RE = re.compile(r"([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request")
 
 
 def _parse_credential(text: str) -> tuple[str, str, str, str]:
-    m = _CRED_RE.match(text or "")
+    m = _CRED_RE.fullmatch(text or "")
     if not m:
         raise S3Error(
             "AuthorizationHeaderMalformed",
@@ -206,57 +254,67 @@ def parse_authorization(header: str) -> dict[str, str]:
     return fields
 
 
-def canonical_headers(req: SignedRequest, signed: list[str]) -> str:
+def wire_text(value: str) -> str:
+    """A header value as read off the connection (Latin-1, one character per byte) turned into the
+    text whose UTF-8 form (``surrogateescape``) is exactly those bytes: a signature covers the bytes sent."""
+    if value.isascii():
+        return value
+    return value.encode("latin-1").decode("utf-8", "surrogateescape")
+
+
+def canonical_headers(req: SignedRequest, signed: list[str], wire: bool = True) -> str:
+    """The canonical header lines; ``wire``: values as the bytes sent (UTF-8 senders: most SDKs),
+    else as the Latin-1 text they decode to (Python's http.client sends Latin-1, signs UTF-8)."""
     lines = []
     for name in signed:
         value = req.headers.get(name)
         if value is None:
             raise S3Error("SignatureDoesNotMatch", f"signed header {name!r} is missing from the request", 403)
-        lines.append(f"{name}:{_SPACES.sub(' ', value.strip())}\n")
+        value = _SPACES.sub(" ", value.strip())
+        lines.append(f"{name}:{wire_text(value) if wire else value}\n")
     return "".join(lines)
 
 
-def canonical_request(req: SignedRequest, uri: str, query: Sequence[tuple[str, str]], signed: list[str], payload: str) -> str:
+def canonical_request(
+    req: SignedRequest, uri: str, query: Sequence[tuple[str, str]], signed: list[str], payload: str, wire: bool = True
+) -> str:
     return "\n".join(
-        [req.method, uri, canonical_query(query), canonical_headers(req, signed), ";".join(signed), payload]
+        [req.method, uri, canonical_query(query), canonical_headers(req, signed, wire), ";".join(signed), payload]
     )
 
 
 def string_to_sign(amz_date: str, scope: str, creq: str) -> str:
-    return f"{ALGORITHM}\n{amz_date}\n{scope}\n{hashlib.sha256(creq.encode()).hexdigest()}"
+    digest = hashlib.sha256(creq.encode("utf-8", "surrogateescape")).hexdigest()
+    return f"{ALGORITHM}\n{amz_date}\n{scope}\n{digest}"
 
 
 def _check_signature(
     req: SignedRequest, key: bytes, amz_date: str, scope: str, query: Sequence[tuple[str, str]], signed: list[str],
     payload: str, signature: str,
 ) -> None:
-    """Try the path as sent, then S3's canonical encoding of the decoded path."""
-    tried = set()
-    for uri in (req.raw_path or "/", uri_encode_path(req.path) or "/"):
-        if uri in tried:
-            continue
-        tried.add(uri)
-        expected = sign(key, string_to_sign(amz_date, scope, canonical_request(req, uri, query, signed, payload)))
-        if hmac.compare_digest(expected, signature):
-            return
-    raise S3Error(
-        "SignatureDoesNotMatch",
-        "The request signature we calculated does not match the signature you provided. "
-        "Check your key and signing method.",
-        403,
-    )
+    """Try the path as sent, then S3's canonical encoding of the decoded path; header values as
+    the bytes sent, then (when a signed one is not ASCII) as their Latin-1 text."""
+    uris = dict.fromkeys((req.raw_path or "/", uri_encode_path(req.path) or "/"))
+    non_ascii = any(not req.headers.get(h, "").isascii() for h in signed)
+    for wire in (True, False) if non_ascii else (True,):
+        for uri in uris:
+            creq = canonical_request(req, uri, query, signed, payload, wire)
+            if hmac.compare_digest(sign(key, string_to_sign(amz_date, scope, creq)), signature):
+                return
+    raise _mismatch()
 
 
-def _lookup(credentials: CredentialLookup, access_key: str) -> tuple[Any, str]:
+def _lookup(lookup: Callable[[], Any]) -> Any:
+    """Run a key lookup; any failure but an S3Error is an unknown key."""
     try:
-        return credentials(access_key)
+        return lookup()
     except S3Error:
         raise
     except Exception:  # noqa: BLE001 - any failure to find the key is the same answer
         raise S3Error("InvalidAccessKeyId", "The AWS access key Id you provided does not exist in our records.", 403) from None
 
 
-def verify_header(req: SignedRequest, credentials: CredentialLookup, now: float | None = None) -> AuthResult:
+def verify_header(req: SignedRequest, keys: SigningKeyLookup, now: float | None = None) -> AuthResult:
     """Verify a request signed in its ``Authorization`` header."""
     fields = parse_authorization(req.headers["authorization"])
     access_key, date, region, service = _parse_credential(fields["Credential"])
@@ -274,19 +332,18 @@ def verify_header(req: SignedRequest, credentials: CredentialLookup, now: float 
     payload = req.headers.get("x-amz-content-sha256")
     if payload is None:
         raise S3Error("InvalidRequest", "Missing required header for this request: x-amz-content-sha256", 400)
-    if not (payload == UNSIGNED or payload in STREAMING_MODES or _HEX64.match(payload)):
+    if not (payload == UNSIGNED or payload in STREAMING_MODES or _HEX64.fullmatch(payload)):
         if payload.startswith("STREAMING-"):
             raise S3Error("NotImplemented", f"payload signing mode {payload[:60]!r} is not supported", 501)
         raise S3Error("InvalidArgument", "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, STREAMING-* or a SHA-256", 400)
-    principal, secret = _lookup(credentials, access_key)
-    key = _KEYS.get(secret, date, region, service)
+    principal, key = _lookup(lambda: keys(access_key, date, region, service))
     scope = f"{date}/{region}/{service}/aws4_request"
     signature = fields["Signature"]
     _check_signature(req, key, amz_date, scope, req.query, signed, payload, signature)
     return AuthResult(principal, access_key, payload, signature, key, amz_date, scope)
 
 
-def verify_presigned(req: SignedRequest, credentials: CredentialLookup, now: float | None = None) -> AuthResult:
+def verify_presigned(req: SignedRequest, keys: SigningKeyLookup, now: float | None = None) -> AuthResult:
     """Verify a presigned URL (``X-Amz-Algorithm=AWS4-HMAC-SHA256&…&X-Amz-Signature=…``)."""
     q = {k: v for k, v in req.query}
     if q.get("X-Amz-Algorithm") != ALGORITHM:
@@ -303,9 +360,11 @@ def verify_presigned(req: SignedRequest, credentials: CredentialLookup, now: flo
         expires = int(q["X-Amz-Expires"])
     except ValueError:
         raise S3Error("AuthorizationQueryParametersError", "X-Amz-Expires must be a number of seconds", 400) from None
-    if not 0 < expires <= MAX_PRESIGN_EXPIRES:
+    if expires <= 0:
+        raise S3Error("AccessDenied", "X-Amz-Expires must be a positive number of seconds", 403)
+    if expires > MAX_PRESIGN_EXPIRES:
         raise S3Error(
-            "AuthorizationQueryParametersError", "X-Amz-Expires must be between 1 and 604800 seconds (7 days)", 400
+            "AccessDenied", "X-Amz-Expires must be less than a week (in seconds); that is, at most 604800 seconds", 403
         )
     now = time.time() if now is None else now
     if ts - now > MAX_SKEW:
@@ -316,10 +375,9 @@ def verify_presigned(req: SignedRequest, credentials: CredentialLookup, now: flo
     if "host" not in signed:
         raise S3Error("AccessDenied", "the signature must cover the Host header", 403)
     payload = q.get("X-Amz-Content-Sha256") or req.headers.get("x-amz-content-sha256") or UNSIGNED
-    if not (payload == UNSIGNED or _HEX64.match(payload)):
+    if not (payload == UNSIGNED or _HEX64.fullmatch(payload)):
         raise S3Error("InvalidArgument", "presigned requests carry UNSIGNED-PAYLOAD or a SHA-256 of the body", 400)
-    principal, secret = _lookup(credentials, access_key)
-    key = _KEYS.get(secret, date, region, service)
+    principal, key = _lookup(lambda: keys(access_key, date, region, service))
     scope = f"{date}/{region}/{service}/aws4_request"
     query = [(k, v) for k, v in req.query if k != "X-Amz-Signature"]
     _check_signature(req, key, amz_date, scope, query, signed, payload, q["X-Amz-Signature"])
@@ -356,26 +414,18 @@ def _v2_string(req: SignedRequest, date: str) -> str:
     return f"{req.method}\n{h.get('content-md5', '')}\n{h.get('content-type', '')}\n{date}\n{amz_lines}{resource}"
 
 
-def _v2_check(req: SignedRequest, secret: str, dates: Sequence[str], signature: str) -> None:
-    tried = set()
-    for path in (req.raw_path or "/", uri_encode_path(req.path) or "/"):
-        for date in dates:
-            if (path, date) in tried:
-                continue
-            tried.add((path, date))
-            probe = SignedRequest(req.method, path, req.path, req.query, req.headers)
-            sts = _v2_string(probe, date)
-            expected = base64.b64encode(hmac.new(secret.encode(), sts.encode(), hashlib.sha1).digest()).decode()
-            if hmac.compare_digest(expected, signature):
-                return
-    raise S3Error(
-        "SignatureDoesNotMatch",
-        "The request signature we calculated does not match the signature you provided. Check your key and signing method.",
-        403,
-    )
+def _v2_strings(req: SignedRequest, dates: Sequence[str]) -> list[str]:
+    """The strings a V2 signature may sign: the path as sent or S3-encoded, each candidate date."""
+    out: list[str] = []
+    for path in dict.fromkeys((req.raw_path or "/", uri_encode_path(req.path) or "/")):
+        for date in dict.fromkeys(dates):
+            sts = _v2_string(SignedRequest(req.method, path, req.path, req.query, req.headers), date)
+            if sts not in out:
+                out.append(sts)
+    return out
 
 
-def verify_v2_presigned(req: SignedRequest, credentials: CredentialLookup, now: float | None = None) -> AuthResult:
+def verify_v2_presigned(req: SignedRequest, v2: V2Verifier, now: float | None = None) -> AuthResult:
     """``?AWSAccessKeyId=…&Expires=…&Signature=…`` (Signature Version 2 query authentication)."""
     access_key = req.query_value("AWSAccessKeyId") or ""
     try:
@@ -387,14 +437,14 @@ def verify_v2_presigned(req: SignedRequest, credentials: CredentialLookup, now: 
         raise S3Error("AccessDenied", "Request has expired", 403)
     if expires - now > MAX_PRESIGN_EXPIRES:
         raise S3Error("AccessDenied", "presigned URLs are valid for at most 7 days", 403)
-    principal, secret = _lookup(credentials, access_key)
     query = [(k, v) for k, v in req.query if k not in ("Signature", "AWSAccessKeyId", "Expires")]
     probe = SignedRequest(req.method, req.raw_path, req.path, query, req.headers)
-    _v2_check(probe, secret, [str(expires)], req.query_value("Signature") or "")
+    strings = _v2_strings(probe, [str(expires)])
+    principal = _lookup(lambda: v2(access_key, strings, req.query_value("Signature") or ""))
     return AuthResult(principal, access_key, UNSIGNED, presigned=True)
 
 
-def verify_v2_header(req: SignedRequest, credentials: CredentialLookup, now: float | None = None) -> AuthResult:
+def verify_v2_header(req: SignedRequest, v2: V2Verifier, now: float | None = None) -> AuthResult:
     """``Authorization: AWS ACCESS_KEY:SIGNATURE`` (Signature Version 2)."""
     cred = req.headers["authorization"].strip()[4:]
     access_key, colon, signature = cred.partition(":")
@@ -410,8 +460,8 @@ def verify_v2_header(req: SignedRequest, credentials: CredentialLookup, now: flo
     now = time.time() if now is None else now
     if abs(now - ts) > MAX_SKEW:
         raise S3Error("RequestTimeTooSkewed", "The difference between the request time and the current time is too large.", 403)
-    principal, secret = _lookup(credentials, access_key)
-    _v2_check(req, secret, dates, signature)
+    strings = _v2_strings(req, dates)
+    principal = _lookup(lambda: v2(access_key, strings, signature))
     return AuthResult(principal, access_key, UNSIGNED)
 
 
@@ -486,7 +536,7 @@ class BodyChecks:
     @classmethod
     def from_headers(cls, headers: dict[str, str], payload: str) -> BodyChecks:
         c = cls()
-        if _HEX64.match(payload):
+        if _HEX64.fullmatch(payload):
             c.sha256_hex = payload
             c._sha = hashlib.sha256()
         md5 = headers.get("content-md5")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -107,6 +108,12 @@ class AsgiBody:
             await self._next()
         self._buf = bytearray()
 
+    async def wait_disconnect(self) -> None:
+        """Return when the client goes away (or the server closes the connection); only once the
+        request body has been read, since this takes whatever of it is left."""
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+
     def read(self, n: int = -1) -> bytes:
         self.started = True
         while self._more and (n < 0 or len(self._buf) < n):
@@ -177,7 +184,7 @@ class AsgiTransport:
             resp = self._error(S3Error("InternalError", "We encountered an internal error. Please try again.", 500), path, rid, method)
         if body.unread(scope):
             await self._settle_body(scope, body, resp)
-        sent = await self._send(resp, send, method)
+        sent = await self._send(resp, send, method, None if body.unread(scope) else body)
         self.stats.answered(op[0], resp.status, sent)
         if self.access_log:
             access_log.info(
@@ -203,7 +210,9 @@ class AsgiTransport:
         except S3Error:
             resp.headers = {**(resp.headers or {}), "Connection": "close"}
 
-    async def _send(self, resp: Response, send: Callable, method: str) -> int:
+    async def _send(self, resp: Response, send: Callable, method: str, request_body: AsgiBody | None) -> int:
+        """Send the answer; a streamed one stops early when the client goes away (given
+        ``request_body``, read to its end, to learn that from)."""
         headers = resp.headers or {}
         body = resp.body
         if isinstance(body, (bytes, bytearray)):
@@ -211,7 +220,7 @@ class AsgiTransport:
                 headers["Content-Length"] = str(len(body))
         elif resp.length is not None:
             headers["Content-Length"] = str(resp.length)
-        raw_headers = [(k.lower().encode("latin-1"), str(v).encode("latin-1", "replace")) for k, v in headers.items()]
+        raw_headers = [(k.lower().encode("latin-1"), _header_value(v)) for k, v in headers.items()]
         await send({"type": "http.response.start", "status": resp.status, "headers": raw_headers})
         if method == "HEAD":
             await send({"type": "http.response.body", "body": b""})
@@ -225,8 +234,9 @@ class AsgiTransport:
             return len(body)
         sent = 0
         loop = asyncio.get_running_loop()
+        gone = asyncio.ensure_future(request_body.wait_disconnect()) if request_body is not None else None
         try:
-            while True:
+            while gone is None or not gone.done():
                 piece = await loop.run_in_executor(self.pool, _next_batch, body)
                 if not piece:
                     break
@@ -234,6 +244,8 @@ class AsgiTransport:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         finally:
+            if gone is not None:
+                gone.cancel()
             close = getattr(body, "close", None)
             if close:
                 await loop.run_in_executor(self.pool, close)
@@ -252,6 +264,15 @@ class AsgiTransport:
             return Response(err.status, headers, b"")
         headers["Content-Type"] = "application/xml"
         return Response(err.status, headers, X.error_doc(err.code, err.message, path, rid, err.extra))
+
+
+_UNSENDABLE = re.compile(r"[\r\n\0]+")
+
+
+def _header_value(value: object) -> bytes:
+    """A response header value as bytes: a line break or NUL (from ``response-*`` overrides or
+    metadata) cannot be sent in a header and becomes a space."""
+    return _UNSENDABLE.sub(" ", str(value)).strip().encode("latin-1", "replace")
 
 
 def _next_batch(it: Iterator[bytes]) -> bytes:

@@ -51,9 +51,14 @@ def owner(principal_name: str, principal_id: str) -> str:
     return f"<Owner>{el('ID', principal_id)}{el('DisplayName', principal_name)}</Owner>"
 
 
-def list_buckets(buckets: Iterable[tuple[str, str]], owner_xml: str) -> bytes:
+def list_buckets(
+    buckets: Iterable[tuple[str, str]], owner_xml: str, next_token: str | None = None, prefix: str | None = None
+) -> bytes:
+    """``ListAllMyBucketsResult``; ``next_token`` (S3 calls it ContinuationToken) when there are more."""
     items = "".join(f"<Bucket>{el('Name', n)}{el('CreationDate', d)}</Bucket>" for n, d in buckets)
-    return doc("ListAllMyBucketsResult", f"{owner_xml}<Buckets>{items}</Buckets>")
+    more = el("ContinuationToken", next_token) if next_token else ""
+    pre = el("Prefix", prefix) if prefix is not None else ""
+    return doc("ListAllMyBucketsResult", f"{owner_xml}<Buckets>{items}</Buckets>{more}{pre}")
 
 
 # -- parsing ---------------------------------------------------------------------------
@@ -91,19 +96,37 @@ def child_text(node: ET.Element, name: str) -> str | None:
 
 def parse_delete(body: bytes) -> tuple[list[str], bool]:
     """A ``Delete`` document -> (keys, quiet)."""
+    objects, quiet = parse_delete_objects(body)
+    return [key for key, _ in objects], quiet
+
+
+def parse_delete_objects(body: bytes) -> tuple[list[tuple[str, str | None]], bool]:
+    """A ``Delete`` document -> ([(key, version id or None)], quiet)."""
     tree = parse(body, "Delete")
-    keys = []
+    objects = []
     for obj in children(tree, "Object"):
         key = child_text(obj, "Key")
         if key is None:
             raise S3Error("MalformedXML", "an Object in the Delete document lacks its Key", 400)
-        keys.append(key)
-    if not keys:
+        objects.append((key, child_text(obj, "VersionId")))
+    if not objects:
         raise S3Error("MalformedXML", "the Delete document names no Object", 400)
-    if len(keys) > 1000:
+    if len(objects) > 1000:
         raise S3Error("MalformedXML", "a Delete document names at most 1000 objects", 400)
     quiet = (child_text(tree, "Quiet") or "").strip().lower() == "true"
-    return keys, quiet
+    return objects, quiet
+
+
+def parse_versioning(body: bytes) -> tuple[str | None, str | None]:
+    """A ``VersioningConfiguration`` document -> (Status, MfaDelete), each None when absent;
+    MalformedXML for values S3 does not know."""
+    tree = parse(body, "VersioningConfiguration")
+    status, mfa = child_text(tree, "Status"), child_text(tree, "MfaDelete")
+    if status not in (None, "Enabled", "Suspended") or mfa not in (None, "Enabled", "Disabled"):
+        raise S3Error(
+            "MalformedXML", "The XML you provided was not well-formed or did not validate against our published schema", 400
+        )
+    return status, mfa
 
 
 def parse_complete(body: bytes) -> list[tuple[int, str]]:
