@@ -16,6 +16,7 @@ from tests.ci_requirements import missing, pytest_configure, pytest_runtest_setu
 from tests.hubserver import Hub, start_hub
 from tests.moto_server import start_moto
 from tests.pgserver import drop_database, fresh_database, postgres_available, postgres_unavailable_reason, start_postgres
+from tests.s3_fixtures import admin, repo, s3, s3hub  # noqa: F401 - shared by the S3 test modules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

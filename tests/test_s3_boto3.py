@@ -14,39 +14,16 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
+from tests.s3_fixtures import error_code, error_status
 from tests.s3_helpers import S3Hub, staged_paths, start_s3_hub, unique
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def s3hub(tmp_path_factory) -> S3Hub:
-    with start_s3_hub(tmp_path_factory.mktemp("s3hub") / "data") as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def admin(s3hub):
-    return s3hub.token(admin=True, name="s3-admin")
-
-
-@pytest.fixture(scope="module")
-def s3(s3hub, admin):
-    return s3hub.boto3(admin)
 
 
 def _repo(s3hub: S3Hub, name: str | None = None) -> str:
     name = name or unique("r")
     s3hub.plane().create_repo(name)
     return name
-
-
-def _code(exc: pytest.ExceptionInfo) -> str:
-    return exc.value.response["Error"]["Code"]
-
-
-def _status(exc: pytest.ExceptionInfo) -> int:
-    return exc.value.response["ResponseMetadata"]["HTTPStatusCode"]
 
 
 # -- buckets ---------------------------------------------------------------------------
@@ -58,10 +35,10 @@ def test_list_head_location_of_buckets(s3hub, s3):
     assert s3.get_bucket_location(Bucket=repo)["LocationConstraint"] in (None, "")
     with pytest.raises(ClientError) as e:
         s3.head_bucket(Bucket="no-such-bucket-here")
-    assert _status(e) == 404
+    assert error_status(e) == 404
     with pytest.raises(ClientError) as e:
         s3.list_objects_v2(Bucket="no-such-bucket-here")
-    assert _code(e) == "NoSuchBucket"
+    assert error_code(e) == "NoSuchBucket"
 
 
 def test_reader_sees_only_its_repositories(s3hub, admin):
@@ -71,12 +48,12 @@ def test_reader_sees_only_its_repositories(s3hub, admin):
     assert mine in names and other not in names
     with pytest.raises(ClientError) as e:
         reader.list_objects_v2(Bucket=other, Prefix="main/")
-    assert _code(e) == "AccessDenied"
+    assert error_code(e) == "AccessDenied"
     s3hub.boto3(admin).put_object(Bucket=mine, Key="main/f.txt", Body=b"x")
     assert reader.get_object(Bucket=mine, Key="main/f.txt")["Body"].read() == b"x"
     with pytest.raises(ClientError) as e:
         reader.put_object(Bucket=mine, Key="main/g.txt", Body=b"y")
-    assert _code(e) == "AccessDenied"
+    assert error_code(e) == "AccessDenied"
     assert staged_paths(s3hub, mine) == ["f.txt"]
 
 
@@ -87,7 +64,7 @@ def test_create_bucket_put_get_at_once_and_delete_only_when_empty(s3hub, s3, adm
     assert s3.create_bucket(Bucket=name)["ResponseMetadata"]["HTTPStatusCode"] == 200
     with pytest.raises(ClientError) as e:
         s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-    assert _code(e) == "BucketAlreadyOwnedByYou"
+    assert error_code(e) == "BucketAlreadyOwnedByYou"
     # Plain keys: the bucket is bound to the new repository's default branch.
     s3.put_object(Bucket=name, Key="data/a.bin", Body=b"abc")
     assert s3.get_object(Bucket=name, Key="data/a.bin")["Body"].read() == b"abc"
@@ -96,21 +73,21 @@ def test_create_bucket_put_get_at_once_and_delete_only_when_empty(s3hub, s3, adm
     assert bindings[name]["repo"] == name and bindings[name]["ref"] == "main" and bindings[name]["created_by_s3"]
     with pytest.raises(ClientError) as e:
         s3.delete_bucket(Bucket=name)
-    assert _code(e) == "BucketNotEmpty"
+    assert error_code(e) == "BucketNotEmpty"
     s3.delete_object(Bucket=name, Key="data/a.bin")
     s3.delete_bucket(Bucket=name)
     with pytest.raises(ClientError) as e:
         s3.head_bucket(Bucket=name)
-    assert _status(e) == 404
+    assert error_status(e) == 404
     assert name not in [r["name"] for r in s3hub.plane().list_repos()]
     # A token that may not create repositories cannot create buckets.
     writer = s3hub.boto3(s3hub.token(roles={"*": "write"}))
     with pytest.raises(ClientError) as e:
         writer.create_bucket(Bucket=unique("cb"))
-    assert _code(e) == "AccessDenied"
+    assert error_code(e) == "AccessDenied"
     with pytest.raises(ClientError) as e:
         s3.create_bucket(Bucket="Bad_Name")
-    assert _code(e) == "InvalidBucketName"
+    assert error_code(e) == "InvalidBucketName"
 
 
 def test_bucket_bound_to_a_branch_and_to_a_tag(s3hub, s3):
@@ -127,11 +104,11 @@ def test_bucket_bound_to_a_branch_and_to_a_tag(s3hub, s3):
     assert [o["Key"] for o in s3.list_objects_v2(Bucket=frozen)["Contents"]] == ["x/1.txt"]
     with pytest.raises(ClientError) as e:
         s3.put_object(Bucket=frozen, Key="x/3.txt", Body=b"three")
-    assert _code(e) == "AccessDenied"
+    assert error_code(e) == "AccessDenied"
     assert "branch" in e.value.response["Error"]["Message"]
     with pytest.raises(ClientError) as e:
         s3.delete_bucket(Bucket=live)  # bound with `fabric bucket create`: not S3's to delete
-    assert _code(e) == "AccessDenied"
+    assert error_code(e) == "AccessDenied"
 
 
 # -- objects ----------------------------------------------------------------------------
@@ -159,14 +136,14 @@ def test_put_get_head_etag_metadata(s3hub, s3):
     assert e["Body"].read() == b"" and e["ETag"] == '"d41d8cd98f00b204e9800998ecf8427e"'
     with pytest.raises(ClientError) as exc:
         s3.get_object(Bucket=repo, Key="main/missing")
-    assert _code(exc) == "NoSuchKey"
+    assert error_code(exc) == "NoSuchKey"
     with pytest.raises(ClientError) as exc:
         s3.head_object(Bucket=repo, Key="main/missing")
-    assert _status(exc) == 404
+    assert error_status(exc) == 404
     for absent in ("main/", "main", "main/dir/../dir/file.bin", "main//x"):  # keys no path can have: just absent
         with pytest.raises(ClientError) as exc:
             s3.head_object(Bucket=repo, Key=absent)
-        assert _status(exc) == 404, absent
+        assert error_status(exc) == 404, absent
 
 
 def test_large_object_streams(s3hub, s3):
@@ -187,10 +164,10 @@ def test_content_md5_is_checked(s3hub, s3):
     bad = base64.b64encode(hashlib.md5(b"other").digest()).decode()
     with pytest.raises(ClientError) as e:
         s3.put_object(Bucket=repo, Key="main/bad", Body=b"payload", ContentMD5=bad)
-    assert _code(e) == "BadDigest"
+    assert error_code(e) == "BadDigest"
     with pytest.raises(ClientError) as e:
         s3.put_object(Bucket=repo, Key="main/bad", Body=b"payload", ContentMD5="notbase64")
-    assert _code(e) == "InvalidDigest"
+    assert error_code(e) == "InvalidDigest"
     assert staged_paths(s3hub, repo) == ["ok"]
 
 
@@ -206,7 +183,7 @@ def test_range_requests(s3hub, s3):
     assert s3.get_object(Bucket=repo, Key="main/r", Range="bytes=10230-99999")["Body"].read() == data[10230:]
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=repo, Key="main/r", Range=f"bytes={len(data)}-")
-    assert _code(e) == "InvalidRange" and _status(e) == 416
+    assert error_code(e) == "InvalidRange" and error_status(e) == 416
 
 
 def test_conditional_get(s3hub, s3):
@@ -215,26 +192,26 @@ def test_conditional_get(s3hub, s3):
     assert s3.get_object(Bucket=repo, Key="main/c", IfMatch=etag)["Body"].read() == b"cond"
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=repo, Key="main/c", IfMatch='"0123"')
-    assert _code(e) == "PreconditionFailed" and _status(e) == 412
+    assert error_code(e) == "PreconditionFailed" and error_status(e) == 412
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=repo, Key="main/c", IfNoneMatch=etag)
-    assert _status(e) == 304
+    assert error_status(e) == 304
     assert s3.get_object(Bucket=repo, Key="main/c", IfNoneMatch='"other"')["Body"].read() == b"cond"
     future = formatdate(time.time() + 3600, usegmt=True)
     past = formatdate(time.time() - 3600, usegmt=True)
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=repo, Key="main/c", IfModifiedSince=future)
-    assert _status(e) == 304
+    assert error_status(e) == 304
     assert s3.get_object(Bucket=repo, Key="main/c", IfModifiedSince=past)["Body"].read() == b"cond"
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=repo, Key="main/c", IfUnmodifiedSince=past)
-    assert _status(e) == 412
+    assert error_status(e) == 412
     assert s3.get_object(Bucket=repo, Key="main/c", IfUnmodifiedSince=future)["Body"].read() == b"cond"
     # If-Match true wins over a failing If-Unmodified-Since (S3's rule).
     assert s3.get_object(Bucket=repo, Key="main/c", IfMatch=etag, IfUnmodifiedSince=past)["Body"].read() == b"cond"
     with pytest.raises(ClientError) as e:
         s3.head_object(Bucket=repo, Key="main/c", IfNoneMatch=etag)
-    assert _status(e) == 304
+    assert error_status(e) == 304
 
 
 def test_conditional_put(s3hub, s3):
@@ -242,13 +219,13 @@ def test_conditional_put(s3hub, s3):
     s3.put_object(Bucket=repo, Key="main/once", Body=b"first", IfNoneMatch="*")
     with pytest.raises(ClientError) as e:
         s3.put_object(Bucket=repo, Key="main/once", Body=b"second", IfNoneMatch="*")
-    assert _code(e) == "PreconditionFailed"
+    assert error_code(e) == "PreconditionFailed"
     assert s3.get_object(Bucket=repo, Key="main/once")["Body"].read() == b"first"
     # If-Match on a write: replace only the version the writer read.
     etag = s3.head_object(Bucket=repo, Key="main/once")["ETag"]
     with pytest.raises(ClientError) as e:
         s3.put_object(Bucket=repo, Key="main/once", Body=b"stale", IfMatch='"0000"')
-    assert _code(e) == "PreconditionFailed"
+    assert error_code(e) == "PreconditionFailed"
     s3.put_object(Bucket=repo, Key="main/once", Body=b"second", IfMatch=etag)
     assert s3.get_object(Bucket=repo, Key="main/once")["Body"].read() == b"second"
     # Racing writers: exactly one wins.
@@ -272,11 +249,11 @@ def test_writes_to_tags_and_commits_are_refused(s3hub, s3):
     for ref in ("v1", commit.id, commit.id[:12], "nosuchbranch"):
         with pytest.raises(ClientError) as e:
             s3.put_object(Bucket=repo, Key=f"{ref}/b", Body=b"b")
-        assert _code(e) == "AccessDenied", ref
+        assert error_code(e) == "AccessDenied", ref
         assert "branch" in e.value.response["Error"]["Message"]
         with pytest.raises(ClientError) as e:
             s3.delete_object(Bucket=repo, Key=f"{ref}/a")
-        assert _code(e) == "AccessDenied"
+        assert error_code(e) == "AccessDenied"
     # Reads at a tag and at a commit id work.
     assert s3.get_object(Bucket=repo, Key="v1/a")["Body"].read() == b"a"
     assert s3.get_object(Bucket=repo, Key=f"{commit.id}/a")["Body"].read() == b"a"
@@ -325,11 +302,11 @@ def test_copy_object_within_and_across_refs(s3hub, s3):
     assert s3.get_object(Bucket=repo, Key="dev/from-tag.txt")["Body"].read() == b"source"
     with pytest.raises(ClientError) as e:
         s3.copy_object(Bucket=repo, Key="v1/nope.txt", CopySource={"Bucket": repo, "Key": "main/src.txt"})
-    assert _code(e) == "AccessDenied"
+    assert error_code(e) == "AccessDenied"
     # Copy onto itself without changing metadata is illegal (S3 rule); with REPLACE it is fine.
     with pytest.raises(ClientError) as e:
         s3.copy_object(Bucket=repo, Key="main/src.txt", CopySource={"Bucket": repo, "Key": "main/src.txt"})
-    assert _code(e) == "InvalidRequest"
+    assert error_code(e) == "InvalidRequest"
     s3.copy_object(
         Bucket=repo, Key="main/src.txt", CopySource={"Bucket": repo, "Key": "main/src.txt"}, MetadataDirective="REPLACE",
         Metadata={"touched": "yes"},
@@ -337,12 +314,12 @@ def test_copy_object_within_and_across_refs(s3hub, s3):
     assert s3.head_object(Bucket=repo, Key="main/src.txt")["Metadata"] == {"touched": "yes"}
     with pytest.raises(ClientError) as e:
         s3.copy_object(Bucket=repo, Key="main/x", CopySource={"Bucket": repo, "Key": "main/absent"})
-    assert _code(e) == "NoSuchKey"
+    assert error_code(e) == "NoSuchKey"
     with pytest.raises(ClientError) as e:
         s3.copy_object(
             Bucket=repo, Key="main/x", CopySource={"Bucket": repo, "Key": "main/src.txt"}, CopySourceIfMatch='"nope"'
         )
-    assert _code(e) == "PreconditionFailed"
+    assert error_code(e) == "PreconditionFailed"
     # Across repositories (chunks are shared; nothing is copied).
     other = _repo(s3hub)
     s3.copy_object(Bucket=other, Key="main/imported.txt", CopySource={"Bucket": repo, "Key": "main/src.txt"})
@@ -493,13 +470,13 @@ def test_multipart_api(s3hub, s3):
             Bucket=repo, Key=key, UploadId=up,
             MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": '"' + "0" * 32 + '"'}]},
         )
-    assert _code(e) == "InvalidPart"
+    assert error_code(e) == "InvalidPart"
     with pytest.raises(ClientError) as e:
         s3.complete_multipart_upload(
             Bucket=repo, Key=key, UploadId=up,
             MultipartUpload={"Parts": [{"PartNumber": 2, "ETag": e2}, {"PartNumber": 1, "ETag": e1}]},
         )
-    assert _code(e) == "InvalidPartOrder"
+    assert error_code(e) == "InvalidPartOrder"
     done = s3.complete_multipart_upload(
         Bucket=repo, Key=key, UploadId=up,
         MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}, {"PartNumber": 3, "ETag": e3}]},
@@ -511,7 +488,7 @@ def test_multipart_api(s3hub, s3):
     assert got["Metadata"] == {"m": "1"} and got["ContentType"] == "text/csv"
     with pytest.raises(ClientError) as e:
         s3.list_parts(Bucket=repo, Key=key, UploadId=up)
-    assert _code(e) == "NoSuchUpload"
+    assert error_code(e) == "NoSuchUpload"
     # A small part that is not the last one.
     up2 = s3.create_multipart_upload(Bucket=repo, Key="main/mp/small")["UploadId"]
     a = s3.upload_part(Bucket=repo, Key="main/mp/small", UploadId=up2, PartNumber=1, Body=b"a" * 1000)["ETag"]
@@ -521,18 +498,18 @@ def test_multipart_api(s3hub, s3):
             Bucket=repo, Key="main/mp/small", UploadId=up2,
             MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": a}, {"PartNumber": 2, "ETag": b}]},
         )
-    assert _code(e) == "EntityTooSmall"
+    assert error_code(e) == "EntityTooSmall"
     s3.abort_multipart_upload(Bucket=repo, Key="main/mp/small", UploadId=up2)
     with pytest.raises(ClientError) as e:
         s3.upload_part(Bucket=repo, Key="main/mp/small", UploadId=up2, PartNumber=3, Body=b"c")
-    assert _code(e) == "NoSuchUpload"
+    assert error_code(e) == "NoSuchUpload"
     with pytest.raises(ClientError) as e:
         s3.abort_multipart_upload(Bucket=repo, Key="main/mp/small", UploadId=up2)
-    assert _code(e) == "NoSuchUpload"
+    assert error_code(e) == "NoSuchUpload"
     assert "Uploads" not in s3.list_multipart_uploads(Bucket=repo)
     with pytest.raises(ClientError) as e:
         s3.create_multipart_upload(Bucket=repo, Key="v-none/x")
-    assert _code(e) == "AccessDenied"
+    assert error_code(e) == "AccessDenied"
     assert "mp/small" not in staged_paths(s3hub, repo)
 
 
@@ -637,7 +614,7 @@ def test_fabric_bucket_commands_and_rest(s3hub, s3, admin):
     time.sleep(2.2)  # the gateway caches bucket bindings for 2 s
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=name, Key="data/x.txt")
-    assert _code(e) == "NoSuchBucket"
+    assert error_code(e) == "NoSuchBucket"
     assert s3.get_object(Bucket=repo, Key="main/data/x.txt")["Body"].read() == b"x"  # the repository stays
 
 

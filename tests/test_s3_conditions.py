@@ -9,35 +9,9 @@ import os
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.s3_helpers import S3Hub, start_s3_hub, unique
+from tests.s3_fixtures import error_code, error_status
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def s3hub(tmp_path_factory) -> S3Hub:
-    with start_s3_hub(tmp_path_factory.mktemp("s3cond") / "data") as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def s3(s3hub):
-    return s3hub.boto3(s3hub.token(admin=True))
-
-
-@pytest.fixture
-def repo(s3hub) -> str:
-    name = unique("cw")
-    s3hub.plane().create_repo(name)
-    return name
-
-
-def _code(exc: pytest.ExceptionInfo) -> str:
-    return exc.value.response["Error"]["Code"]
-
-
-def _status(exc: pytest.ExceptionInfo) -> int:
-    return exc.value.response["ResponseMetadata"]["HTTPStatusCode"]
 
 
 def _body(s3, repo: str, key: str) -> bytes:
@@ -51,7 +25,7 @@ def test_put_if_none_match_with_an_etag(s3, repo):
     current = s3.head_object(Bucket=repo, Key=key)["ETag"]
     with pytest.raises(ClientError) as e:
         s3.put_object(Bucket=repo, Key=key, Body=b"two", IfNoneMatch=current)
-    assert _code(e) == "PreconditionFailed" and _status(e) == 412
+    assert error_code(e) == "PreconditionFailed" and error_status(e) == 412
     assert _body(s3, repo, key) == b"one"
     s3.put_object(Bucket=repo, Key=key, Body=b"two", IfNoneMatch='"ffffffffffffffffffffffffffffffff"')
     assert _body(s3, repo, key) == b"two"
@@ -61,11 +35,11 @@ def test_put_if_match(s3, repo):
     key = "main/m"
     with pytest.raises(ClientError) as e:
         s3.put_object(Bucket=repo, Key=key, Body=b"x", IfMatch='"00"')
-    assert _code(e) == "NoSuchKey" and _status(e) == 404
+    assert error_code(e) == "NoSuchKey" and error_status(e) == 404
     etag = s3.put_object(Bucket=repo, Key=key, Body=b"one")["ETag"]
     with pytest.raises(ClientError) as e:
         s3.put_object(Bucket=repo, Key=key, Body=b"stale", IfMatch='"00"')
-    assert _code(e) == "PreconditionFailed" and _status(e) == 412
+    assert error_code(e) == "PreconditionFailed" and error_status(e) == 412
     new = s3.put_object(Bucket=repo, Key=key, Body=b"two", IfMatch=etag)["ETag"]
     assert _body(s3, repo, key) == b"two"
     # Racing compare-and-swap writers on one ETag: exactly one wins.
@@ -94,7 +68,7 @@ def test_complete_multipart_conditions(s3, repo):
     for cond in ({"IfNoneMatch": "*"}, {"IfNoneMatch": first}, {"IfMatch": '"00"'}):
         with pytest.raises(ClientError) as e:
             s3.complete_multipart_upload(Bucket=repo, Key=key, UploadId=up, MultipartUpload={"Parts": parts}, **cond)
-        assert _code(e) == "PreconditionFailed" and _status(e) == 412, cond
+        assert error_code(e) == "PreconditionFailed" and error_status(e) == 412, cond
         assert _body(s3, repo, key) == b"before"
     # The upload is still there: completing it when the condition holds works.
     s3.complete_multipart_upload(Bucket=repo, Key=key, UploadId=up, MultipartUpload={"Parts": parts}, IfMatch=first)
@@ -107,7 +81,7 @@ def test_complete_multipart_conditions(s3, repo):
     with pytest.raises(ClientError) as e:
         s3.complete_multipart_upload(Bucket=repo, Key="main/fresh", UploadId=up, MultipartUpload={"Parts": parts},
                                      IfNoneMatch="*")
-    assert _code(e) == "PreconditionFailed"
+    assert error_code(e) == "PreconditionFailed"
 
 
 def test_failed_condition_reads_no_body(s3, repo):
@@ -115,5 +89,5 @@ def test_failed_condition_reads_no_body(s3, repo):
     s3.put_object(Bucket=repo, Key="main/big", Body=b"small")
     with pytest.raises(ClientError) as e:
         s3.put_object(Bucket=repo, Key="main/big", Body=os.urandom(2 * MiB), IfNoneMatch="*")
-    assert _code(e) == "PreconditionFailed"
+    assert error_code(e) == "PreconditionFailed"
     assert _body(s3, repo, "main/big") == b"small"

@@ -7,39 +7,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fabric.client.transfer import export_tree
-from tests.s3_helpers import S3Hub, start_s3_hub, unique
+from tests.s3_fixtures import error_code, error_status
+from tests.s3_helpers import unique
 from tests.test_s3_errors import code, raw, signed_headers
-
-
-@pytest.fixture(scope="module")
-def s3hub(tmp_path_factory) -> S3Hub:
-    with start_s3_hub(tmp_path_factory.mktemp("s3keys") / "data") as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def admin(s3hub):
-    return s3hub.token(admin=True)
-
-
-@pytest.fixture(scope="module")
-def s3(s3hub, admin):
-    return s3hub.boto3(admin)
-
-
-@pytest.fixture
-def repo(s3hub) -> str:
-    name = unique("ky")
-    s3hub.plane().create_repo(name)
-    return name
-
-
-def _code(exc: pytest.ExceptionInfo) -> str:
-    return exc.value.response["Error"]["Code"]
-
-
-def _status(exc: pytest.ExceptionInfo) -> int:
-    return exc.value.response["ResponseMetadata"]["HTTPStatusCode"]
 
 
 # -- a key ending in '/' with a body ---------------------------------------------------------
@@ -51,7 +21,7 @@ def test_slash_key_with_a_body(s3hub, s3, repo, tmp_path):
     assert s3.get_object(Bucket=repo, Key="main/dir/", Range="bytes=7-")["Body"].read() == b"body"
     with pytest.raises(ClientError) as e:  # the key without its slash is another key
         s3.head_object(Bucket=repo, Key="main/dir")
-    assert _status(e) == 404
+    assert error_status(e) == 404
     s3.put_object(Bucket=repo, Key="main/dir/inside", Body=b"i")
     # Copies from and to such keys keep the body.
     s3.copy_object(Bucket=repo, Key="main/copy/", CopySource={"Bucket": repo, "Key": "main/dir/"})
@@ -111,10 +81,10 @@ def test_delete_in_a_deleted_bucket_is_no_such_bucket(s3hub, s3, repo):
     s3hub.plane().delete_repo(repo)
     with pytest.raises(ClientError) as e:
         s3.delete_object(Bucket=repo, Key="main/a")
-    assert _code(e) == "NoSuchBucket" and _status(e) == 404
+    assert error_code(e) == "NoSuchBucket" and error_status(e) == 404
     with pytest.raises(ClientError) as e:
         s3.delete_objects(Bucket=repo, Delete={"Objects": [{"Key": "main/a"}]})
-    assert _code(e) == "NoSuchBucket" and _status(e) == 404
+    assert error_code(e) == "NoSuchBucket" and error_status(e) == 404
 
 
 def test_delete_answers_for_other_tokens(s3hub, repo):
@@ -124,10 +94,10 @@ def test_delete_answers_for_other_tokens(s3hub, repo):
     stranger = s3hub.boto3(s3hub.token(roles={elsewhere: "write"}))
     with pytest.raises(ClientError) as e:
         stranger.delete_object(Bucket=repo, Key="main/a")
-    assert _code(e) == "AccessDenied"
+    assert error_code(e) == "AccessDenied"
     with pytest.raises(ClientError) as e:
         stranger.delete_objects(Bucket=repo, Delete={"Objects": [{"Key": "main/a"}]})
-    assert _code(e) == "AccessDenied"
+    assert error_code(e) == "AccessDenied"
     gone = unique("gone")
     for call in (
         lambda: stranger.delete_object(Bucket=gone, Key="main/a"),
@@ -135,4 +105,4 @@ def test_delete_answers_for_other_tokens(s3hub, repo):
     ):
         with pytest.raises(ClientError) as e:
             call()
-        assert _code(e) == "NoSuchBucket"
+        assert error_code(e) == "NoSuchBucket"

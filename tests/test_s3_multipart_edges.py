@@ -11,35 +11,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fabric.api.s3.multipart import Uploads
-from tests.s3_helpers import S3Hub, start_s3_hub, unique
+from tests.s3_fixtures import error_code, error_status
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def s3hub(tmp_path_factory) -> S3Hub:
-    with start_s3_hub(tmp_path_factory.mktemp("s3mp") / "data") as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def s3(s3hub):
-    return s3hub.boto3(s3hub.token(admin=True))
-
-
-@pytest.fixture
-def repo(s3hub) -> str:
-    name = unique("mp")
-    s3hub.plane().create_repo(name)
-    return name
-
-
-def _code(exc: pytest.ExceptionInfo) -> str:
-    return exc.value.response["Error"]["Code"]
-
-
-def _status(exc: pytest.ExceptionInfo) -> int:
-    return exc.value.response["ResponseMetadata"]["HTTPStatusCode"]
 
 
 def _multipart(s3, repo: str, key: str, bodies: list[bytes]) -> tuple[str, str, list[dict]]:
@@ -62,15 +36,15 @@ def test_completing_twice_answers_the_same_etag(s3, repo):
     # Another key, or the key holding another object since: the upload is gone.
     with pytest.raises(ClientError) as e:
         s3.complete_multipart_upload(Bucket=repo, Key="main/other", UploadId=up, MultipartUpload={"Parts": parts})
-    assert _code(e) == "NoSuchUpload"
+    assert error_code(e) == "NoSuchUpload"
     s3.put_object(Bucket=repo, Key=key, Body=b"replaced")
     with pytest.raises(ClientError) as e:
         s3.complete_multipart_upload(Bucket=repo, Key=key, UploadId=up, MultipartUpload={"Parts": parts})
-    assert _code(e) == "NoSuchUpload" and _status(e) == 404
+    assert error_code(e) == "NoSuchUpload" and error_status(e) == 404
     # Aborting a completed upload is still NoSuchUpload, as in S3.
     with pytest.raises(ClientError) as e:
         s3.abort_multipart_upload(Bucket=repo, Key=key, UploadId=up)
-    assert _code(e) == "NoSuchUpload"
+    assert error_code(e) == "NoSuchUpload"
 
 
 def test_completed_records_expire(tmp_path):
@@ -104,10 +78,10 @@ def test_get_and_head_one_part(s3hub, s3, repo):
     assert "PartsCount" not in s3.head_object(Bucket=repo, Key=key)
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=repo, Key=key, PartNumber=4)
-    assert _code(e) == "InvalidPartNumber" and _status(e) == 416
+    assert error_code(e) == "InvalidPartNumber" and error_status(e) == 416
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=repo, Key=key, PartNumber=1, Range="bytes=0-1")
-    assert _status(e) == 400
+    assert error_status(e) == 400
     # The part boundaries survive a commit and a copy, and are no user metadata.
     s3hub.plane().commit(repo, "main", "parts")
     s3.copy_object(Bucket=repo, Key="main/copy.bin", CopySource={"Bucket": repo, "Key": key},
@@ -125,11 +99,11 @@ def test_part_number_of_a_single_part_object(s3, repo):
     assert r["ResponseMetadata"]["HTTPStatusCode"] == 206 and "PartsCount" not in r
     with pytest.raises(ClientError) as e:
         s3.head_object(Bucket=repo, Key="main/single", PartNumber=2)
-    assert _status(e) == 416
+    assert error_status(e) == 416
     for bad in (0, 10001):
         with pytest.raises(ClientError) as e:
             s3.get_object(Bucket=repo, Key="main/single", PartNumber=bad)
-        assert _code(e) == "InvalidArgument" and _status(e) == 400
+        assert error_code(e) == "InvalidArgument" and error_status(e) == 400
 
 
 def test_a_part_uploaded_twice_takes_the_last_upload(s3, repo):
@@ -154,11 +128,11 @@ def test_a_part_uploaded_twice_takes_the_last_upload(s3, repo):
             Bucket=repo, Key=key, UploadId=up,
             MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": last}, {"PartNumber": 1, "ETag": first}]},
         )
-    assert _code(e) == "InvalidPart"
+    assert error_code(e) == "InvalidPart"
     two = s3.upload_part(Bucket=repo, Key=key, UploadId=up, PartNumber=2, Body=b"2")["ETag"]
     with pytest.raises(ClientError) as e:
         s3.complete_multipart_upload(
             Bucket=repo, Key=key, UploadId=up,
             MultipartUpload={"Parts": [{"PartNumber": 2, "ETag": two}, {"PartNumber": 1, "ETag": last}]},
         )
-    assert _code(e) == "InvalidPartOrder"
+    assert error_code(e) == "InvalidPartOrder"

@@ -10,34 +10,11 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from fabric.util.net import free_port
+from tests.s3_fixtures import error_code, error_status
 from tests.s3_helpers import REGION, S3Hub, _wait_s3, start_s3_hub, unique
 from tests.spokeserver import start_spoke
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def s3hub(tmp_path_factory) -> S3Hub:
-    with start_s3_hub(tmp_path_factory.mktemp("s3versions") / "data") as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def admin(s3hub):
-    return s3hub.token(admin=True, name="versions-admin")
-
-
-@pytest.fixture(scope="module")
-def s3(s3hub, admin):
-    return s3hub.boto3(admin)
-
-
-def _code(exc: pytest.ExceptionInfo) -> str:
-    return exc.value.response["Error"]["Code"]
-
-
-def _status(exc: pytest.ExceptionInfo) -> int:
-    return exc.value.response["ResponseMetadata"]["HTTPStatusCode"]
 
 
 def _all_versions(s3, bucket: str, **kwargs) -> list[tuple[str, str, bool, bool]]:
@@ -124,16 +101,16 @@ def test_list_object_versions_bad_arguments(s3hub, s3):
     bucket, _ = _history(s3hub, s3)
     with pytest.raises(ClientError) as e:
         s3.list_object_versions(Bucket=bucket, VersionIdMarker="0" * 64)
-    assert _code(e) == "InvalidArgument"
+    assert error_code(e) == "InvalidArgument"
     with pytest.raises(ClientError) as e:
         s3.list_object_versions(Bucket=bucket, KeyMarker="a", VersionIdMarker="not-a-version")
-    assert _code(e) == "InvalidArgument"
+    assert error_code(e) == "InvalidArgument"
     with pytest.raises(ClientError) as e:
         s3.list_object_versions(Bucket=bucket, KeyMarker="a", VersionIdMarker="f" * 64)
-    assert _code(e) == "InvalidArgument"
+    assert error_code(e) == "InvalidArgument"
     with pytest.raises(ClientError) as e:
         s3.list_object_versions(Bucket="no-such-bucket-" + unique())
-    assert _code(e) == "NoSuchBucket"
+    assert error_code(e) == "NoSuchBucket"
 
 
 def test_repository_bucket_lists_versions_per_ref(s3hub, s3):
@@ -179,21 +156,21 @@ def test_version_id_errors_are_the_ones_aws_gives(s3hub, s3):
     bucket, ids = _history(s3hub, s3)
     with pytest.raises(ClientError) as e:  # a delete marker
         s3.get_object(Bucket=bucket, Key="a", VersionId=ids["C3"])
-    assert _code(e) == "MethodNotAllowed" and _status(e) == 405
+    assert error_code(e) == "MethodNotAllowed" and error_status(e) == 405
     assert e.value.response["ResponseMetadata"]["HTTPHeaders"]["x-amz-delete-marker"] == "true"
     with pytest.raises(ClientError) as e:
         s3.head_object(Bucket=bucket, Key="a", VersionId=ids["C3"])
-    assert _status(e) == 405
+    assert error_status(e) == 405
     for vid in ("0" * 64, ids["C1"]):  # no such commit; a commit that did not change "d/b"
         with pytest.raises(ClientError) as e:
             s3.get_object(Bucket=bucket, Key="d/b", VersionId=vid)
-        assert _code(e) == "NoSuchVersion" and _status(e) == 404
+        assert error_code(e) == "NoSuchVersion" and error_status(e) == 404
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=bucket, Key="a", VersionId="staged-" + "0" * 32)
-    assert _code(e) == "NoSuchVersion"
+    assert error_code(e) == "NoSuchVersion"
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=bucket, Key="a", VersionId="3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY")
-    assert _code(e) == "InvalidArgument" and _status(e) == 400
+    assert error_code(e) == "InvalidArgument" and error_status(e) == 400
 
 
 def test_a_version_id_of_another_repository_is_no_version_here(s3hub, s3):
@@ -201,7 +178,7 @@ def test_a_version_id_of_another_repository_is_no_version_here(s3hub, s3):
     other, other_ids = _history(s3hub, s3)
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=bucket, Key="a", VersionId=other_ids["C1"])
-    assert _code(e) == "NoSuchVersion"
+    assert error_code(e) == "NoSuchVersion"
 
 
 # -- versioning configuration ----------------------------------------------------------------
@@ -211,13 +188,13 @@ def test_bucket_versioning_is_always_enabled(s3hub, s3):
     s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     with pytest.raises(ClientError) as e:
         s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Suspended"})
-    assert _code(e) == "InvalidBucketState" and _status(e) == 409
+    assert error_code(e) == "InvalidBucketState" and error_status(e) == 409
     assert s3.get_bucket_versioning(Bucket=bucket)["Status"] == "Enabled"
     reader = s3hub.boto3(s3hub.token(roles={bucket: "read"}, name="ver-reader"))
     assert reader.get_bucket_versioning(Bucket=bucket)["Status"] == "Enabled"
     with pytest.raises(ClientError) as e:
         reader.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-    assert _code(e) == "AccessDenied"
+    assert error_code(e) == "AccessDenied"
 
 
 # -- deleting versions ---------------------------------------------------------------------
@@ -226,7 +203,7 @@ def test_delete_object_with_version_id(s3hub, s3):
     assert s3.delete_object(Bucket=bucket, Key="d/b", VersionId="0" * 64)["VersionId"] == "0" * 64  # unknown: as AWS
     with pytest.raises(ClientError) as e:  # an older version of a key that exists: history is immutable
         s3.delete_object(Bucket=bucket, Key="a", VersionId=ids["C1"])
-    assert _code(e) == "NotImplemented"
+    assert error_code(e) == "NotImplemented"
     assert s3.get_object(Bucket=bucket, Key="a")["Body"].read() == b"v3"
     marker = s3.delete_object(Bucket=bucket, Key="a", VersionId=ids["C3"])  # a delete marker: nothing changes
     assert marker["DeleteMarker"] is True and marker["VersionId"] == ids["C3"]
@@ -235,11 +212,11 @@ def test_delete_object_with_version_id(s3hub, s3):
     assert current["VersionId"] == ids["C2"] and "DeleteMarker" not in current
     with pytest.raises(ClientError) as e:
         s3.head_object(Bucket=bucket, Key="d/b")
-    assert _status(e) == 404
+    assert error_status(e) == 404
     s3.delete_object(Bucket=bucket, Key="d/b", VersionId=ids["C2"])  # again: the key is gone, accepted
     with pytest.raises(ClientError) as e:
         s3.delete_object(Bucket=bucket, Key="a", VersionId="bad")
-    assert _code(e) == "InvalidArgument"
+    assert error_code(e) == "InvalidArgument"
 
 
 def test_delete_objects_with_versions_reports_per_version(s3hub, s3):
@@ -279,7 +256,7 @@ def test_empty_bucket_with_the_resource_idiom_then_delete_it(s3hub, admin):
     resource.Bucket(bucket).delete()
     with pytest.raises(ClientError) as e:
         s3.head_bucket(Bucket=bucket)
-    assert _status(e) == 404
+    assert error_status(e) == 404
 
 
 def test_empty_bucket_with_the_paginator_and_delete_objects(s3hub, s3):
@@ -319,7 +296,7 @@ def test_versions_through_a_spoke(tmp_path):
             assert s3.get_object(Bucket=bucket, Key="a", VersionId=a[0][0])["Body"].read() == b"v3"
             with pytest.raises(ClientError) as e:
                 s3.get_object(Bucket=bucket, Key="a", VersionId=ids["C3"])
-            assert _status(e) == 405
+            assert error_status(e) == 405
             assert s3.get_bucket_versioning(Bucket=bucket)["Status"] == "Enabled"
             for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
                 objects = [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in page.get("Versions", [])]
@@ -345,5 +322,5 @@ def test_a_key_replaced_by_its_slash_key_lists_both_without_splitting_them(s3hub
     assert s3.get_object(Bucket=bucket, Key="k", VersionId=c1)["Body"].read() == b"file"
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket=bucket, Key="k", VersionId=c2)
-    assert _status(e) == 405
+    assert error_status(e) == 405
     assert s3.head_object(Bucket=bucket, Key="k/", VersionId=c2)["ContentLength"] == 0

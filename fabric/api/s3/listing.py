@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
 from typing import Any
 
 from fabric.api.s3 import xml as X
@@ -24,6 +25,20 @@ from fabric.format.paths import check_prefix
 from fabric.plane.dataplane import DataPlane
 
 
+def listing_options(q: Mapping[str, str]) -> tuple[bool, int]:
+    """``encoding-type=url`` and ``max-keys`` of a listing request (InvalidArgument when bad)."""
+    url = q.get("encoding-type") == "url"
+    if "encoding-type" in q and not url:
+        raise S3Error("InvalidArgument", "Invalid Encoding Method specified in Request", 400)
+    try:
+        max_keys = int(q.get("max-keys", "1000"))
+    except ValueError:
+        raise S3Error("InvalidArgument", "Provided max-keys not an integer or within integer range", 400) from None
+    if max_keys < 0:
+        raise S3Error("InvalidArgument", "max-keys must be zero or more", 400)
+    return url, max_keys
+
+
 class Listing:
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
@@ -33,15 +48,7 @@ class Listing:
         q = ctx.q
         prefix = q.get("prefix", "")
         delimiter = q.get("delimiter", "")
-        url = q.get("encoding-type") == "url"
-        if "encoding-type" in q and not url:
-            raise S3Error("InvalidArgument", "Invalid Encoding Method specified in Request", 400)
-        try:
-            max_keys = int(q.get("max-keys", "1000"))
-        except ValueError:
-            raise S3Error("InvalidArgument", "Provided max-keys not an integer or within integer range", 400) from None
-        if max_keys < 0:
-            raise S3Error("InvalidArgument", "max-keys must be zero or more", 400)
+        url, max_keys = listing_options(q)
         max_keys = min(max_keys, 1000)
         if v2:
             token = q.get("continuation-token")  # an empty one is no token (and is echoed as given)

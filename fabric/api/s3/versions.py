@@ -40,6 +40,7 @@ from fabric.api.s3 import xml as X
 from fabric.api.s3.auth import require
 from fabric.api.s3.entrymeta import slash_key
 from fabric.api.s3.errors import S3Error, from_fabric
+from fabric.api.s3.listing import listing_options
 from fabric.api.s3.namespace import Bucket, Namespace
 from fabric.api.s3.request import Ctx, iso8601, owner_xml, xml_response
 from fabric.api.s3.transport import Response
@@ -283,15 +284,7 @@ class _Query:
 
 def _query(ctx: Ctx) -> _Query:
     q = ctx.q
-    url = q.get("encoding-type") == "url"
-    if "encoding-type" in q and not url:
-        raise S3Error("InvalidArgument", "Invalid Encoding Method specified in Request", 400)
-    try:
-        max_keys = int(q.get("max-keys", "1000"))
-    except ValueError:
-        raise S3Error("InvalidArgument", "Provided max-keys not an integer or within integer range", 400) from None
-    if max_keys < 0:
-        raise S3Error("InvalidArgument", "max-keys must be zero or more", 400)
+    url, max_keys = listing_options(q)
     key_marker, vid_marker = q.get("key-marker", ""), q.get("version-id-marker", "")
     if vid_marker:
         if not key_marker:
