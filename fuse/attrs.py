@@ -1,9 +1,11 @@
 """Attributes: what ``stat`` shows of entries, local files and the root, and the
 attribute changes (chmod, chown, utimens), staged at once as one entry each.
 
-Times: mtime is stored with each entry; atime and ctime are kept by the mount
-for the session (``MountState.times``), and so are directory mtimes that move
-with the entries created and removed in them.
+Times: mtime and ctime are stored with each entry (a directory whose entries
+are created, removed or renamed gets a marker with its new times,
+:meth:`~fuse.state.MountState.touch_dir`); atime is kept by the mount for the
+session (``MountState.times``), and so are the times of the root (it has no
+entry) and of a directory that shadows a file of its name.
 """
 
 from __future__ import annotations
@@ -16,11 +18,18 @@ from collections.abc import Callable
 from typing import Any
 
 from fabric.errors import NotFound
-from fabric.format.model import DIR, SYMLINK, Entry
+from fabric.format.filetypes import type_bits
+from fabric.format.links import nlink as link_count
+from fabric.format.model import DIR, FILE, HOLE_ID, SYMLINK, Entry
+from fabric.format.paths import MAX_NAME_BYTES
+from fabric.plane.retry import ServerGone
+from fuse import linkgroups
 from fuse.errors import err
 from fuse.handles import RHandle, WHandle
+from fuse.inodes import ROOT
 from fuse.namespace import split
 from fuse.state import MountState
+from fuse.unlinked import Unlinked
 from fuse.write_path import WritePath
 from fuse.writer import WFile
 
@@ -31,12 +40,26 @@ UTIME_OMIT = (1 << 30) - 2
 log = logging.getLogger("fabric.fuse")
 
 
+def stored_size(e: Entry, size: int) -> int:
+    """The bytes entry ``e`` of ``size`` bytes occupies (``st_blocks``): a sparse file's holes
+    occupy none (when its chunk list is at hand)."""
+    if e.kind == FILE and e.chunks:
+        return sum(n for cid, n in e.chunks if cid != HOLE_ID)
+    return size
+
+
+def too_long(p: str) -> bool:
+    """Does a name of path ``p`` exceed NAME_MAX (255 bytes, as on ext4)?"""
+    return any(len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES for name in p.split("/"))
+
+
 class Attributes:
     """getattr, readlink, statfs and the attribute changes of a mount."""
 
-    def __init__(self, state: MountState, writes: WritePath) -> None:
+    def __init__(self, state: MountState, writes: WritePath, unlinked: Unlinked) -> None:
         self.state = state
         self.writes = writes
+        self.unlinked = unlinked  # open files whose name is gone, under libfuse's hidden names
 
     # -- what stat shows ---------------------------------------------------------------
     def of_entry(self, path: str, e: Entry) -> dict[str, Any]:
@@ -53,15 +76,19 @@ class Attributes:
             size = 4096
         elif kind == SYMLINK:
             mode = S.S_IFLNK | 0o777
-            nlink = 1
+            nlink = link_count(path, e)
             size = len(e.target.encode("utf-8", "surrogateescape"))
         else:
-            mode = S.S_IFREG | (e.mode & 0o7777)
-            nlink = 1
+            mode = type_bits(kind) | (e.mode & 0o7777)  # a file, FIFO, socket or device
+            nlink = link_count(path, e)
             size = e.size
+        ctime = e.mtime_ns if e.ctime_ns is None else e.ctime_ns
         if t:
             mtime = t.get("mtime", mtime)
+            ctime = t.get("ctime", ctime)
         return {
+            "st_rdev": e.rdev,
+            "st_ino": self.state.inodes.of(path, e),
             "st_mode": mode,
             "st_nlink": nlink,
             "st_size": size,
@@ -69,16 +96,17 @@ class Attributes:
             "st_gid": e.gid if e.gid is not None else self.state.cfg.gid,
             "st_mtime": mtime,
             "st_atime": t.get("atime", mtime) if t else mtime,
-            "st_ctime": t.get("ctime", mtime) if t else mtime,
-            "st_blocks": (size + 511) // 512,
+            "st_ctime": ctime,
+            "st_blocks": (stored_size(e, size) + 511) // 512,
             "st_blksize": BLKSIZE,
         }
 
     def of_file(self, wf: WFile) -> dict[str, Any]:
         """The attributes of a file with local state."""
         return {
+            "st_ino": self.state.inodes.of_file(wf),
             "st_mode": S.S_IFREG | (wf.mode & 0o7777),
-            "st_nlink": 0 if wf.unlinked else 1,
+            "st_nlink": 0 if wf.unlinked else link_count(wf.path or "", wf.base),
             "st_size": wf.size,
             "st_uid": wf.uid,
             "st_gid": wf.gid,
@@ -92,6 +120,7 @@ class Attributes:
     def of_root(self) -> dict[str, Any]:
         r = self.state.root
         return {
+            "st_ino": ROOT,
             "st_mode": S.S_IFDIR | r["mode"],
             "st_nlink": 2 + d.subdirs() if (d := self.state.ns.cached("")) is not None else 1,
             "st_size": 4096,
@@ -111,12 +140,16 @@ class Attributes:
             if isinstance(h, WHandle):
                 return self.of_file(h.wf)
             if isinstance(h, RHandle) and p is None:
-                return self.of_entry("", h.entry)
+                return self.of_entry(h.path, h.entry)
         if p is None:
             raise err(errno.ENOENT)
+        if too_long(p):
+            raise err(errno.ENAMETOOLONG)  # every call looks its names up first: before ENOENT, EEXIST, EPERM
         if p == "":
+            if st.ns.cached("") is None:
+                self._count_subdirs("")
             return self.of_root()
-        wf = st.files.get(p)
+        wf = st.files.get(p) or self.unlinked.file(p)
         if wf is not None:
             return self.of_file(wf)
         e = st.ns.lookup(p)
@@ -133,7 +166,18 @@ class Attributes:
                     e = st.implicit  # a directory of the same name shadows it
         if e is None:
             raise err(errno.ENOENT)
+        if e.kind == DIR and st.ns.cached(p) is None:
+            self._count_subdirs(p)
         return self.of_entry(p, e)
+
+    def _count_subdirs(self, p: str) -> None:
+        """List directory ``p`` so that its ``st_nlink`` (2 + subdirectories, as ext4) is exact;
+        one listing per directory, kept for its ``opendir`` (listings of a READDIRPLUS are not
+        loaded: there an unlisted subdirectory counts 1, "not counted")."""
+        try:
+            self.state.ns.dir(p)
+        except ServerGone:
+            pass  # 1 it is: never an error for a stat
 
     def readlink(self, p: str) -> str:
         e = self.state.entry(p)
@@ -160,7 +204,7 @@ class Attributes:
     def _target(self, p: str | None, fi: Any) -> tuple[str | None, WFile | None]:
         """What a setattr applies to: a path, and the local file state if there is one."""
         if p is not None:
-            return p, self.state.files.get(p)
+            return p, self.state.files.get(p) or self.unlinked.file(p)
         h = self.state.handles.get(fi.fh) if fi is not None else None
         if isinstance(h, WHandle):
             return h.wf.path, h.wf
@@ -186,7 +230,7 @@ class Attributes:
             return
         if wf is None:
             assert p is not None
-            with st.names.hold(p):
+            with st.names.hold(p, *linkgroups.others(st, p)):  # (names of one file change together)
                 wf = st.files.get(p)  # opened for writing meanwhile: change its local state
                 if wf is None:
                     e = st.ns.lookup(p)
@@ -199,9 +243,16 @@ class Attributes:
                             raise err(errno.EPERM)
                         t = st.times.get(p, {})
                         e = Entry(DIR, 0, e.mode, t.get("mtime", e.mtime_ns), uid=e.uid, gid=e.gid)
-                    st.stage({p: change(e)})
+                    staged = linkgroups.spread(st, p, change(e).with_(ctime_ns=now), e)  # every name of the file
+                    st.stage(staged)
                     with st.mu:
-                        st.times.setdefault(p, {})["ctime"] = now
+                        for n in staged:
+                            t = st.times.get(n)
+                            if t:  # the stored times are the ones set now
+                                t.pop("mtime", None)
+                                t.pop("ctime", None)
+                        linkgroups.refresh_local(st, staged, p)
+                    linkgroups.invalidate(st, staged, p)
                     return
         with wf.lock:
             wf_change(wf)
@@ -246,39 +297,23 @@ class Attributes:
         atime, mtime = times if times is not None else (UTIME_NOW, UTIME_NOW)
         atime = now if atime == UTIME_NOW else None if atime == UTIME_OMIT else int(atime)
         mtime = now if mtime == UTIME_NOW else None if mtime == UTIME_OMIT else int(mtime)
-        if mtime is None:
-            # atime only: kept by the mount for the session, nothing to store.
-            p, wf = self._target(path, fi)
-            if p == "":
-                st.root["atime"] = atime
-                st.root["ctime"] = now
-                return
-            if wf is not None:
-                wf.atime_ns = atime if atime is not None else wf.atime_ns
-                wf.ctime_ns = now
-                return
-            if p is None or st.entry(p) is None:
-                raise err(errno.ENOENT)
-            t = st.times.setdefault(p, {})
-            if atime is not None:
-                t["atime"] = atime
-            t["ctime"] = now
-            return
+        if atime is None and mtime is None:
+            return  # nothing changes, not even ctime (as ext4)
 
         def root(r: dict) -> None:
-            r["mtime"] = mtime
+            if mtime is not None:
+                r["mtime"] = mtime
             if atime is not None:
                 r["atime"] = atime
 
         def wfc(wf: WFile) -> None:
-            wf.mtime_ns = mtime
+            if mtime is not None:
+                wf.mtime_ns = mtime
             if atime is not None:
                 wf.atime_ns = atime
 
-        self._setattr(path, fi, lambda e: e.with_(mtime_ns=mtime), wfc, root)
+        # The new ctime (and mtime) are stored; atime is kept by the mount for the session.
+        self._setattr(path, fi, lambda e: e if mtime is None else e.with_(mtime_ns=mtime), wfc, root)
         p, wf = self._target(path, fi)
-        if p and wf is None:
-            t = st.times.setdefault(p, {})
-            t.pop("mtime", None)  # the stored mtime is the one set now
-            if atime is not None:
-                t["atime"] = atime
+        if p and wf is None and atime is not None:
+            st.times.setdefault(p, {})["atime"] = atime

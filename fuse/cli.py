@@ -65,7 +65,7 @@ and work again once it is back.
 \b
 Errors for what the mount does not do:
   EROFS         writing to a commit, a tag, or a branch mounted without --rw
-  EPERM         hard links (ln without -s); mknod of devices, FIFOs, sockets
+  EPERM         a hard link to a directory; mknod of a device without root
   EOPNOTSUPP    extended attributes; fallocate modes other than allocation
   EINVAL        rename with RENAME_EXCHANGE / RENAME_WHITEOUT
   EILSEQ        file names that are not valid UTF-8

@@ -7,7 +7,8 @@ import errno
 import stat as S
 from typing import Any
 
-from fabric.format.model import DIR, SYMLINK
+from fabric.format.filetypes import type_bits
+from fabric.format.model import DIR
 from fuse.attrs import Attributes
 from fuse.errors import err
 from fuse.state import MountState
@@ -46,8 +47,7 @@ class Directories:
         out: list = [(".", S.S_IFDIR, 0), ("..", S.S_IFDIR, 0)]
         names = d.children
         for name, e in list(names.items()):
-            t = S.S_IFDIR if e.kind == DIR else S.S_IFLNK if e.kind == SYMLINK else S.S_IFREG
-            out.append((name, t, 0))
+            out.append((name, type_bits(e.kind), 0))
         files = self.state.files
         if files:
             prefix = p + "/" if p else ""

@@ -6,8 +6,8 @@ as errnos) and hands the call to the part of the mount that owns it:
 :mod:`fuse.read_path` (open and read), :mod:`fuse.write_path` (files being
 written and their staging), :mod:`fuse.namespace_changes` (mkdir, rmdir,
 unlink, symlink, rename), :mod:`fuse.attrs` (getattr and attribute changes),
-:mod:`fuse.directories` (directory handles and listings) and
-:mod:`fuse.commits` (background staging and commits). They share
+:mod:`fuse.directories` (directory handles and listings), :mod:`fuse.links`
+(hard links) and :mod:`fuse.commits` (background staging and commits). They share
 :class:`~fuse.state.MountState`; every data-plane call goes through one
 :class:`~fabric.plane.retry.RetryingPlane`, so the mount rides out server restarts.
 
@@ -20,7 +20,7 @@ entry and ``opendir`` lists the directory anew.
 With ``--rw`` (branches only), writes go to local temporary files
 (:mod:`fuse.writer`) and are staged on the branch when the file is closed,
 fsynced or renamed; metadata changes (chmod, chown, utimens, mkdir, rmdir,
-rename, symlink, unlink) are staged at once, each as one atomic
+rename, symlink, unlink, mknod of FIFOs, sockets and devices) are staged at once, each as one atomic
 :meth:`~fabric.plane.dataplane.DataPlane.stage` call. ``fabric commit`` (or the
 mount's own ``--commit-interval`` / ``--commit-on-unmount``) turns staged
 changes into a commit.
@@ -28,23 +28,29 @@ changes into a commit.
 Errors (also listed in ``fabric mount --help``):
 
 - ``EROFS``: any change on a read-only mount (commit, tag, or branch without ``--rw``).
-- ``EPERM``: ``link`` (hard links), ``mknod`` of devices, FIFOs and sockets; chmod, chown
-  or utimens of a directory that shadows a file or symlink of its name (its marker
+- ``EPERM``: ``link`` of a directory; ``mknod`` of a device by a caller without CAP_MKNOD
+  (the kernel's check, as on ext4); chmod, chown or utimens of a directory that shadows a file or symlink of its name (its marker
   would overwrite that entry; see :mod:`fabric.format.namespace`).
 - ``EOPNOTSUPP``: extended attributes (``setxattr``/``getxattr``; ``listxattr`` too),
   ``fallocate`` modes other than plain allocation.
 - ``EINVAL``: ``rename`` with ``RENAME_EXCHANGE`` or ``RENAME_WHITEOUT``; a name the
   repository refuses.
 - ``EILSEQ``: a file name that is not valid UTF-8.
-- ``ENAMETOOLONG``: a name over 255 bytes or a path over 4096 bytes.
+- ``ENAMETOOLONG``: a name over 255 bytes (for every call: its lookup comes first, as on
+  ext4) or a path over 4096 bytes.
 - ``EIO``: the server stayed unreachable for longer than ``--server-timeout``, or
   sent data that failed verification twice. The mount stays usable.
 - ``EACCES``: the token may not read (or write) the repository.
 
-Times: mtime is stored with each entry; atime and ctime are kept by the
-mount for the session (they start equal to mtime after a remount), and
-directory mtimes move with the entries created and removed in them for the
-session (``utimens`` on a directory is stored).
+Times: mtime and ctime are stored with each entry; a directory whose entries
+are created, removed or renamed gets a marker with its new times, staged in
+the same call as the change. atime, and the root's times (it has no entry),
+are kept by the mount for the session.
+
+Hard links share one entry at each name (:mod:`fabric.format.links`): a write or
+an attribute change through one name is staged at all of them; ``st_ino`` comes
+from :mod:`fuse.inodes`. An open file whose last name is unlinked lives on
+under a hidden name (:mod:`fuse.unlinked`) until its last close.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat as S
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -65,10 +72,12 @@ from fuse.config import MountConfig
 from fuse.directories import Directories
 from fuse.errors import err, op
 from fuse.libfuse import configure
+from fuse.links import Links
 from fuse.namespace_changes import NamespaceChanges
 from fuse.read_path import ReadPath
 from fuse.state import MountState, rel
 from fuse.stats import Stats
+from fuse.unlinked import Unlinked
 from fuse.write_path import WritePath
 
 log = logging.getLogger("fabric.fuse")
@@ -85,9 +94,11 @@ class FabricFS(mfusepy.Operations):
         self.stats = Stats()
         self.reads = ReadPath(self.state)
         self.writes = WritePath(self.state, self.reads)
-        self.attrs = Attributes(self.state, self.writes)
+        self.unlinked = Unlinked(self.state, self.writes)
+        self.attrs = Attributes(self.state, self.writes, self.unlinked)
         self.dirs = Directories(self.state, self.attrs)
         self.changes = NamespaceChanges(self.state, self.writes, self.reads)
+        self.links = Links(self.state, self.writes, self.reads)
         self.commits = Committer(self.state, self.writes)
         self.on_ready: Callable[[], None] | None = None
 
@@ -143,7 +154,13 @@ class FabricFS(mfusepy.Operations):
 
     def readdir_snapshot(self, fh: int, refresh: bool) -> list[tuple[str, dict[str, Any]]]:
         """Names with their attributes, for :meth:`~fuse.libfuse.FabricFUSE.readdir_fuse_3` (READDIRPLUS)."""
-        return self.dirs.snapshot(fh, refresh)
+        items = self.dirs.snapshot(fh, refresh)
+        if len(items) >= 2 and "st_ino" not in items[0][1]:
+            # '.' and '..' need inode numbers too (use_ino): readdir(3) hides entries numbered 0.
+            p = self.dirs.paths.get(fh, "")
+            items[0][1]["st_ino"] = self.state.inodes.of(p, None)
+            items[1][1]["st_ino"] = self.state.inodes.of(p.rpartition("/")[0], None)
+        return items
 
     def releasedir(self, path: str | None, fh: int) -> int:
         self.dirs.release(fh)
@@ -188,7 +205,10 @@ class FabricFS(mfusepy.Operations):
 
     @op
     def mknod(self, path: str, mode: int, dev: int) -> int:
-        self.writes.mknod(rel(path) or "", mode)
+        if S.S_ISREG(mode):
+            self.writes.mknod(rel(path) or "", mode)
+        else:
+            self.changes.mknod(rel(path) or "", mode, dev)  # FIFOs, sockets, devices
         return 0
 
     @op
@@ -228,7 +248,11 @@ class FabricFS(mfusepy.Operations):
 
     @op
     def unlink(self, path: str) -> int:
-        self.changes.unlink(rel(path) or "")
+        p = rel(path) or ""
+        if self.unlinked.file(p) is not None:
+            self.unlinked.forget(p)
+        else:
+            self.changes.unlink(p)
         return 0
 
     @op
@@ -238,9 +262,15 @@ class FabricFS(mfusepy.Operations):
 
     @op
     def link(self, target: str, source: str) -> int:
-        raise err(errno.EPERM)  # hard links are not supported
+        """``target``: the new name of the file at ``source``."""
+        self.links.link(rel(source) or "", rel(target) or "")
+        return 0
 
     @op
     def rename(self, old: str, new: str, flags: int = 0) -> int:
-        self.changes.rename(rel(old) or "", rel(new) or "", flags)
+        src, dst = rel(old) or "", rel(new) or ""
+        if self.unlinked.hides(src, dst):
+            self.unlinked.hide(src, dst, self.changes.unlink)
+        else:
+            self.changes.rename(src, dst, flags)
         return 0

@@ -61,6 +61,13 @@ class Handles:
     def pop(self, fh: int) -> RHandle | WHandle | None:
         return self._open.pop(fh, None)
 
+    def open_at(self, path: str) -> bool:
+        """Is a file handle of the name ``path`` open?"""
+        for h in list(self._open.values()):
+            if (h.path if isinstance(h, RHandle) else h.wf.path) == path:
+                return True
+        return False
+
     def reading(self, path: str, sig: tuple) -> bool:
         """Is a read handle of the version ``sig`` of ``path`` open?"""
         return any(isinstance(h, RHandle) and h.path == path and content_sig(h.entry) == sig for h in list(self._open.values()))

@@ -32,8 +32,8 @@ FUSE_FILL_DIR_PLUS = 2
 def configure(conn: Any, config: Any, cfg: MountConfig, *, immutable: bool, writable: bool) -> None:
     """Fill in libfuse's connection (``conn``) and mount (``config``) settings at INIT."""
     if config is not None:
-        config.use_ino = 0
-        config.hard_remove = 1  # unlinked open files stay readable through their handle
+        config.use_ino = 1  # st_ino as fuse.inodes gives it: the names of a hard-link group share one
+        config.hard_remove = 0  # libfuse keeps unlinked open files under hidden names (fuse.unlinked)
         # Handle-based operations get no path (they may outlive it); an immutable mount
         # has no open handles at all (see open) and reads by path.
         config.nullpath_ok = 0 if immutable else 1

@@ -1,4 +1,5 @@
-"""Namespace changes of a ``--rw`` mount: mkdir, rmdir, unlink, symlink and rename.
+"""Namespace changes of a ``--rw`` mount: mkdir, rmdir, unlink, symlink, mknod of special
+files (FIFOs, sockets, devices) and rename.
 
 Each change is staged at once, as one atomic
 :meth:`~fabric.plane.dataplane.DataPlane.stage` call, holding the names it
@@ -18,9 +19,11 @@ from __future__ import annotations
 import errno
 import time
 
-from fabric.format.model import DIR, FILE, SYMLINK, Entry
+from fabric.format.filetypes import kind_of_mode
+from fabric.format.model import BLOCKDEV, CHARDEV, DIR, FILE, SPECIAL_KINDS, SYMLINK, Entry
 from fabric.format.paths import check_path
 from fabric.plane.dataplane import DataPlane
+from fuse import linkgroups
 from fuse.errors import err
 from fuse.namespace import split
 from fuse.read_path import ReadPath
@@ -53,12 +56,21 @@ class NamespaceChanges:
                 changes[parent] = Entry(DIR, 0, st.implicit.mode, now, uid=st.implicit.uid, gid=st.implicit.gid)
 
     def _created(self, p: str, entry: Entry) -> None:
-        """Stage a new entry at ``p`` (its name held) and record it."""
+        """Stage a new entry at ``p`` (its name held), with its directory's new times, and record it."""
         st = self.state
-        st.stage({p: entry})
+        changes: dict[str, Entry | None] = {p: entry}
+        st.touch_dir(split(p)[0], entry.mtime_ns, changes)
+        st.stage(changes)
         with st.mu:
             st.times.pop(p, None)
-            st.bump_dir(split(p)[0], entry.mtime_ns)
+
+    def _touch_parent(self, p: str) -> None:
+        """Stage the new times of ``p``'s directory alone (``p`` held; nothing else to stage)."""
+        st = self.state
+        changes: dict[str, Entry | None] = {}
+        st.touch_dir(split(p)[0], time.time_ns(), changes)
+        if changes:
+            st.stage(changes)
 
     def mkdir(self, p: str, mode: int) -> None:
         st = self.state
@@ -81,6 +93,20 @@ class NamespaceChanges:
             uid, gid, _ = st.new_owner(p, 0o777, False)
             self._created(p, Entry(SYMLINK, size, 0o777, time.time_ns(), uid=uid, gid=gid, target=target))
 
+    def mknod(self, p: str, mode: int, dev: int) -> None:
+        """A FIFO, socket (``bind``) or device node: an entry with no content. The kernel has
+        checked the caller may make a device (CAP_MKNOD), as for ext4."""
+        st = self.state
+        st.need_rw()
+        kind = kind_of_mode(mode)
+        if kind not in SPECIAL_KINDS:
+            raise err(errno.EINVAL)
+        with st.names.hold(p):
+            st.check_new(p)
+            uid, gid, perms = st.new_owner(p, mode & 0o7777, False)
+            rdev = dev if kind in (CHARDEV, BLOCKDEV) else 0
+            self._created(p, Entry(kind, 0, perms, time.time_ns(), uid=uid, gid=gid, rdev=rdev))
+
     def rmdir(self, p: str) -> None:
         st = self.state
         st.need_rw()
@@ -101,15 +127,16 @@ class NamespaceChanges:
             else:
                 changes[p] = None
                 self._keep_parent(p, changes)
+            st.touch_dir(split(p)[0], time.time_ns(), changes)
+            if changes:
                 st.stage(changes)
             with st.mu:
                 st.times.pop(p, None)
-                st.bump_dir(split(p)[0])
 
     def unlink(self, p: str) -> None:
         st = self.state
         st.need_rw()
-        with st.names.hold(p):
+        with st.names.hold(p, *linkgroups.others(st, p)):  # (and the file's other names)
             wf = st.files.get(p)
             if wf is None:
                 e = st.ns.lookup(p)
@@ -119,8 +146,12 @@ class NamespaceChanges:
                     raise err(errno.EISDIR)
             if wf is None or wf.on_server:
                 changes: dict[str, Entry | None] = {p: None}
+                linkgroups.dropped(st, p, e if wf is None else wf.base, changes)  # its other names stay
                 self._keep_parent(p, changes)
+                st.touch_dir(split(p)[0], time.time_ns(), changes)
                 st.stage(changes)
+                linkgroups.refresh_local(st, changes, p)
+                linkgroups.invalidate(st, changes, p)
             with st.mu:
                 if wf is not None:
                     if st.files.get(p) is wf:
@@ -129,7 +160,8 @@ class NamespaceChanges:
                     wf.path = None
                 st.times.pop(p, None)
                 st.kernel_sig.pop(p, None)
-                st.bump_dir(split(p)[0])
+            if wf is not None and not wf.on_server:
+                self._touch_parent(p)  # (the new file's pending change of its directory with it)
         if wf is not None:
             self.writes.maybe_drop(wf)
 
@@ -145,15 +177,18 @@ class NamespaceChanges:
         for wp, wf in list(st.files.items()):
             if wp == src or wp.startswith(src + "/"):
                 self.writes.sync(wf)
-        with st.names.hold(src, dst):
+        with st.names.hold(src, dst, *linkgroups.others(st, src), *linkgroups.others(st, dst)):
             se = st.entry(src)
             if se is None:
                 raise err(errno.ENOENT)
             de = st.entry(dst)
             if de is not None and flags & RENAME_NOREPLACE:
                 raise err(errno.EEXIST)
+            if de is not None and linkgroups.one_file(st, src, dst):
+                return  # two names of one file: rename does nothing (POSIX)
             changes: dict[str, Entry | None] = {}
             now = time.time_ns()
+            moves: list[tuple[str, str, Entry | None]] = [(src, dst, linkgroups.known(st, src) or se)]
             if se.kind == DIR:
                 if de is not None:
                     if de.kind != DIR:
@@ -166,11 +201,12 @@ class NamespaceChanges:
                     changes[path] = None
                 for path, e in moved:
                     changes[dst + path[len(src) :]] = e
+                moves += [(path, dst + path[len(src) :], e) for path, e in moved]
+                linkgroups.renamed(st, {old: new for old, new, _ in moves}, dict(moved), changes)
                 if not st.ns.shadows(src):
                     changes[src] = None  # (a shadowed file or symlink stays where it is)
-                changes[dst] = None if st.ns.is_implicit(se) else se
-                if changes[dst] is None and not moved:
-                    changes[dst] = Entry(DIR, 0, se.mode, se.mtime_ns, uid=se.uid, gid=se.gid)
+                # (an implicit directory gets a marker: it holds the moved directory's new ctime)
+                changes[dst] = Entry(DIR, 0, se.mode, se.mtime_ns, uid=se.uid, gid=se.gid) if st.ns.is_implicit(se) else se
             else:
                 if de is not None and de.kind == DIR:
                     raise err(errno.EISDIR)
@@ -179,7 +215,15 @@ class NamespaceChanges:
                     raise err(errno.ENOENT)
                 changes[src] = None
                 changes[dst] = fe
+                if de is not None:
+                    linkgroups.dropped(st, dst, linkgroups.known(st, dst), changes)  # replaced: its other names stay
+                linkgroups.renamed(st, {src: dst}, {src: fe}, changes)
             self._keep_parent(src, changes)
+            moved_entry = changes.get(dst)
+            if moved_entry is not None:
+                changes[dst] = moved_entry.with_(ctime_ns=now)  # a rename changes the moved entry's ctime
+            st.touch_dir(split(src)[0], now, changes)
+            st.touch_dir(split(dst)[0], now, changes)
             st.plane.stage(st.repo, st.branch, changes)
             with st.mu:
                 # Caches: listings below both names are stale; parents get the moved entries.
@@ -187,13 +231,12 @@ class NamespaceChanges:
                 st.ns.invalidate_tree(dst)
                 for path, e in changes.items():
                     st.ns.update(path, e)
-                if se.kind == DIR and changes[dst] is None:
-                    st.ns.update(dst, st.implicit)
                 if src not in changes:
                     st.ns.invalidate(split(src)[0])  # the shadowed entry shows again
                 self._move_local(src, dst, se.kind == DIR, now)
-                st.bump_dir(split(src)[0], now)
-                st.bump_dir(split(dst)[0], now)
+                st.inodes.renamed(moves)
+                linkgroups.refresh_local(st, changes, "")
+            linkgroups.invalidate(st, changes, dst)
 
     def _walk_fresh(self, d: str) -> list[tuple[str, Entry]]:
         """Every entry below directory ``d`` as the branch has it now (the walk retried as a whole)."""
@@ -228,8 +271,6 @@ class NamespaceChanges:
                 table[q] = value  # type: ignore[index]
                 if table is st.files:
                     value.path = q  # type: ignore[union-attr]
-        t = st.times.setdefault(dst, {})
-        t["ctime"] = now
-        w = st.files.get(dst)
+        w = st.files.get(dst)  # (the entry staged at dst has this ctime)
         if w is not None:
             w.ctime_ns = now

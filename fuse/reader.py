@@ -8,6 +8,8 @@ request for many ids, verifies each frame against its id
 (:func:`fabric.format.frames.decode`) and shares in-flight fetches between readers.
 :class:`FileReader` serves ``read(offset, size)`` from whole chunks and keeps
 a readahead window of chunk requests running ahead of a sequential reader.
+A hole of a sparse file (:data:`~fabric.format.model.HOLE_ID`) is never fetched:
+it reads as zeros.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fabric.cache.lru import BytesLRU
 from fabric.errors import Corruption
 from fabric.format import frames
 from fabric.format.chunking import chunk_id
+from fabric.format.model import HOLE_ID
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.retry import RetryingPlane
 
@@ -35,6 +38,8 @@ BATCH_IDS = 512
 WHOLE_FILE = 2 * 1024 * 1024
 #: The readahead window starts here and doubles with each sequential read.
 FIRST_WINDOW = 1024 * 1024
+#: Zeros shared by the reads of holes (a longer piece of a hole is made anew).
+ZEROS = bytes(1024 * 1024)
 
 
 def chunk_disk_cache(root: str, budget: int) -> DiskCache:
@@ -106,7 +111,7 @@ class Fetcher:
         size = 0
         total = 0
         for cid, n in chunks:
-            if cid in self.memory or (self.disk is not None and cid in self.disk):
+            if cid == HOLE_ID or cid in self.memory or (self.disk is not None and cid in self.disk):
                 continue
             with self._lock:
                 if cid in self._inflight:
@@ -215,11 +220,15 @@ class FileReader:
         else:
             demand = range(first, last)
             self._read_ahead(offset, end, last)
-        got = self.fetcher.get([self.ids[i] for i in demand])
+        got = self.fetcher.get([self.ids[i] for i in demand if self.ids[i] != HOLE_ID])
         parts = []
         for i in range(first, last):
             base = self.offsets[i]
-            parts.append((got[self.ids[i]], max(offset, base) - base, min(end, self.offsets[i + 1]) - base))
+            lo, hi = max(offset, base) - base, min(end, self.offsets[i + 1]) - base
+            if self.ids[i] == HOLE_ID:
+                parts.append((ZEROS if hi - lo <= len(ZEROS) else bytes(hi - lo), 0, hi - lo))
+            else:
+                parts.append((got[self.ids[i]], lo, hi))
         return parts
 
     def read(self, offset: int, size: int) -> bytes:

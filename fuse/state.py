@@ -5,10 +5,14 @@ The tables (paths are repository paths, '' the root):
 
 - ``files``: files with local state (being written, or staged but still open), by path;
   while one exists, every read and stat of its path is served from it.
-- ``times``: atime/ctime (and directory mtime) kept by the mount for the session.
+- ``times``: atime kept by the mount for the session; and the mtime and ctime of a
+  directory whose change cannot be stored (one that shadows a file of its name: a
+  marker would overwrite that file). Other times are stored with the entries
+  (``mtime_ns``, ``ctime_ns``; a directory that changes gets a marker, :meth:`MountState.touch_dir`).
 - ``root``: the root directory's attributes (it has no entry).
 - ``kernel_sig``: the version of each file whose pages and size the kernel may cache.
 - ``handles``: the open file handles.
+- ``inodes``: the inode number of each name (:mod:`fuse.inodes`).
 
 Locking: ``mu`` guards these tables and is held only for short in-memory updates,
 never across a network call. A change of the namespace holds the names it changes
@@ -33,6 +37,7 @@ from fabric.plane.retry import RetryingPlane
 from fuse.config import MountConfig
 from fuse.errors import err
 from fuse.handles import Handles
+from fuse.inodes import Inodes
 from fuse.namespace import Namespace, split
 from fuse.pathlocks import PathLocks
 from fuse.writer import WFile
@@ -61,9 +66,10 @@ class MountState:
         self.ns = Namespace(plane, self.repo, config.ref if branch else commit_id, self.implicit, None if self.immutable else config.attr_timeout)
         self.root: dict[str, Any] = {"mode": DEFAULT_DIR_MODE, "uid": config.uid, "gid": config.gid, "mtime": mtime_ns, "ctime": mtime_ns, "atime": mtime_ns}
         self.files: dict[str, WFile] = {}
-        self.times: dict[str, dict[str, int]] = {}  # session-local atime/ctime (and directory mtime) overrides
+        self.times: dict[str, dict[str, int]] = {}  # session-local atime (and unstorable directory times)
         self.kernel_sig: dict[str, tuple] = {}
         self.handles = Handles()
+        self.inodes = Inodes()  # st_ino of each name (hard links share one)
 
     def need_rw(self) -> None:
         if not self.writable:
@@ -84,6 +90,31 @@ class MountState:
         with self.mu:
             for p, e in changes.items():
                 self.ns.update(p, e)
+
+    def touch_dir(self, d: str, now: int, changes: dict[str, Entry | None]) -> None:
+        """An entry of directory ``d`` is created, removed or renamed by ``changes``: its mtime and
+        ctime move to ``now``, stored with them (a marker at ``d`` in ``changes``; an implicit
+        directory gets one). For the session only where no marker can be: the root (it has
+        no entry), a directory that shadows a file or symlink of its name. The caller holds ``d``
+        (shared, as the parent of the names it changes), not ``mu``."""
+        if d in changes:
+            e = changes[d]
+            if e is not None and e.kind == DIR:
+                changes[d] = e.with_(mtime_ns=now, ctime_ns=now)
+            return
+        e = self.ns.lookup(d) if d else None
+        if e is None or e.kind != DIR or self.ns.shadows(d):
+            with self.mu:
+                self.bump_dir(d, now)
+            return
+        if self.ns.is_implicit(e):
+            e = Entry(DIR, 0, e.mode, now, uid=e.uid, gid=e.gid)
+        changes[d] = e.with_(mtime_ns=now, ctime_ns=now)
+        with self.mu:
+            t = self.times.get(d)
+            if t:
+                t.pop("mtime", None)
+                t.pop("ctime", None)
 
     def bump_dir(self, d: str, now: int | None = None) -> None:
         """An entry of directory ``d`` was created or removed: its mtime and ctime move (for the session)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from fabric.format.model import Entry
 from fabric.plane.dataplane import DataPlane
+from fuse import linkgroups
 from fuse.errors import err
 from fuse.handles import RHandle, WHandle, content_sig
 from fuse.libfuse import invalidate_path
@@ -56,7 +57,6 @@ class WritePath:
                 t = st.times.pop(p, None)
                 if t:
                     wf.atime_ns = t.get("atime", wf.atime_ns)
-                    wf.ctime_ns = t.get("ctime", wf.ctime_ns)
                 st.files[p] = wf
             return wf
 
@@ -223,18 +223,26 @@ class WritePath:
             p = wf.path
             if wf.unlinked or p is None:
                 return
-            with st.names.hold(p):
+            with st.names.hold(p, *linkgroups.others(st, p)):  # (and the file's other names)
                 if wf.path != p or wf.unlinked:
                     continue  # renamed (or unlinked) while we waited: look again
-                st.plane.stage(st.repo, st.branch, {p: entry})
+                staged = linkgroups.spread(st, p, entry, linkgroups.current(st, p, wf.base))
+                entry = staged[p] or entry
+                if wf.dir_touched:  # a new file: its directory's new times go with its first version
+                    st.touch_dir(split(p)[0], wf.dir_touched, staged)
+                st.plane.stage(st.repo, st.branch, staged)
                 with st.mu:
+                    wf.dir_touched = 0
                     wf.base = entry
                     wf.synced_generation = gen
                     if content_changed:
                         wf.synced_content = gen
                     wf.last_error = None
-                    st.ns.update(p, entry)
+                    for n, e in staged.items():
+                        st.ns.update(n, e)
                     st.kernel_sig[p] = content_sig(entry)
+                    linkgroups.refresh_local(st, staged, p)
+                linkgroups.invalidate(st, staged, p)
                 return
 
     def sync_and_forget(self, wf: WFile) -> None:
@@ -253,6 +261,5 @@ class WritePath:
             with st.mu:
                 if wf.path is not None and st.files.get(wf.path) is wf:
                     del st.files[wf.path]
-                    t = st.times.setdefault(wf.path, {})
-                    t["atime"], t["ctime"] = wf.atime_ns, wf.ctime_ns
+                    st.times.setdefault(wf.path, {})["atime"] = wf.atime_ns  # (its ctime is in its entry)
             wf.close()

@@ -8,22 +8,26 @@ read and stat of its path inside the mount is served from it
 (read-your-writes).
 
 Syncing (on ``close``, ``fsync``, ``release``, and before a rename) chunks
-the temporary file with :func:`fabric.format.ingest.ingest_stream` into the data
+the temporary file with :func:`fabric.format.ingest.ingest_runs` into the data
 plane's :meth:`~fabric.plane.dataplane.DataPlane.chunk_sink`, which sends only the
 chunks the server lacks, closes the sink (every chunk stored), and returns
 the file entry that the filesystem stages with
-:meth:`~fabric.plane.dataplane.DataPlane.stage`.
+:meth:`~fabric.plane.dataplane.DataPlane.stage`. The holes of the temporary file
+(found with ``SEEK_DATA``/``SEEK_HOLE``) are neither read nor sent: they become
+holes of the chunk list (:func:`fabric.format.ingest.ingest_runs`), and a sparse
+version opened for writing again keeps them as holes of the local file.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
 import time
 
-from fabric.format.ingest import ingest_stream
-from fabric.format.model import FILE, Entry
+from fabric.format.ingest import HOLE_MIN, Run, ingest_runs
+from fabric.format.model import FILE, HOLE_ID, Entry
 from fuse.reader import FileReader
 
 #: The MD5 of no bytes: the ETag of an empty file.
@@ -32,12 +36,12 @@ COPY_BLOCK = 4 * 1024 * 1024
 
 
 class _FdStream:
-    """A read-only stream over a file descriptor from offset 0 (positioned reads, no shared offset)."""
+    """A read-only stream over ``size`` bytes of a file descriptor from ``start`` (positioned reads, no shared offset)."""
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, start: int = 0) -> None:
         self.fd = fd
-        self.pos = 0
-        self.size = size
+        self.pos = start
+        self.size = start + size
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
@@ -48,6 +52,50 @@ class _FdStream:
         data = os.pread(self.fd, n, self.pos)
         self.pos += len(data)
         return data
+
+
+def data_regions(fd: int, size: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the regions of the first ``size`` bytes of ``fd`` that hold
+    data; what lies between them are holes of at least :data:`HOLE_MIN` bytes (shorter
+    holes are counted as data). All of it on a file system that does not report holes."""
+    regions: list[tuple[int, int]] = []
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                break  # only a hole is left
+            return [(0, size)]  # no SEEK_DATA here: all data
+        if start >= size:
+            break
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        if regions and start - (regions[-1][0] + regions[-1][1]) < HOLE_MIN:
+            regions[-1] = (regions[-1][0], end - regions[-1][0])  # a short hole: data
+        else:
+            regions.append((start, end - start))
+        pos = end
+    if not regions and size < HOLE_MIN:
+        return [(0, size)]  # a short file of zeros: data
+    if regions and regions[0][0] < HOLE_MIN:
+        regions[0] = (0, regions[0][0] + regions[0][1])
+    if regions and size - (regions[-1][0] + regions[-1][1]) < HOLE_MIN:
+        regions[-1] = (regions[-1][0], size - regions[-1][0])
+    return regions
+
+
+def file_runs(fd: int, size: int) -> list[Run]:
+    """The first ``size`` bytes of ``fd`` as data runs and holes (for :func:`ingest_runs`)."""
+    runs: list[Run] = []
+    pos = 0
+    for start, n in data_regions(fd, size):
+        if start > pos:
+            runs.append((None, start - pos))
+        runs.append((_FdStream(fd, n, start), n))  # type: ignore[arg-type]
+        pos = start + n
+    if pos < size:
+        runs.append((None, size - pos))
+    return runs
 
 
 class WFile:
@@ -73,7 +121,10 @@ class WFile:
         self.uid = uid
         self.gid = gid
         self.mtime_ns = base.mtime_ns if base else now
-        self.ctime_ns = now
+        self.ctime_ns = (base.mtime_ns if base.ctime_ns is None else base.ctime_ns) if base else now
+        #: When this new file was created in its directory, until the directory's new times
+        #: are staged with the file's first version (0: nothing pending).
+        self.dir_touched = 0 if base else now
         self.atime_ns = now
         self.meta = dict(base.meta) if base else {}
         self.opens = 0
@@ -123,13 +174,16 @@ class WFile:
         self._new_fd()
         if self.base is None or self.base.size == 0 or fetch_reader is None:
             return
-        pos = 0
-        while pos < self.base.size:
-            data = fetch_reader.read(pos, COPY_BLOCK)
-            if not data:
-                break
-            os.pwrite(self.fd, data, pos)
-            pos += len(data)
+        spans = _data_spans(self.base.chunks) if self.base.chunks else [(0, self.base.size)]
+        for start, end in spans:  # holes stay holes
+            pos = start
+            while pos < end:
+                data = fetch_reader.read(pos, min(COPY_BLOCK, end - pos))
+                if not data:
+                    break
+                os.pwrite(self.fd, data, pos)
+                pos += len(data)
+        os.ftruncate(self.fd, self.base.size)
 
     def read(self, offset: int, size: int) -> bytes:
         assert self.fd is not None
@@ -167,7 +221,7 @@ class WFile:
     def attrs_entry(self) -> Entry:
         """The base entry with this file's current attributes (content unchanged)."""
         assert self.base is not None
-        return self.base.with_(mode=self.mode, uid=self.uid, gid=self.gid, mtime_ns=self.mtime_ns, meta=dict(self.meta))
+        return self.base.with_(mode=self.mode, uid=self.uid, gid=self.gid, mtime_ns=self.mtime_ns, ctime_ns=self.ctime_ns, meta=dict(self.meta))
 
     def build_entry(self, sink) -> Entry:
         """Chunk the local content into ``sink`` (not closed here) and return the file entry."""
@@ -177,7 +231,7 @@ class WFile:
             chunks: list[tuple[bytes, int]] = []
             md5 = EMPTY_MD5
         else:
-            chunks, md5 = ingest_stream(_FdStream(self.fd, self.size), sink)  # type: ignore[arg-type]
+            chunks, md5 = ingest_runs(file_runs(self.fd, self.size), sink)
         return Entry(
             FILE,
             self.size,
@@ -188,8 +242,23 @@ class WFile:
             md5=md5,
             chunks=tuple(chunks),
             meta=dict(self.meta),
+            ctime_ns=self.ctime_ns,
         )
 
     def stat_entry(self) -> Entry:
         """An entry describing the current state, for getattr (no chunk list)."""
-        return Entry(FILE, self.size, self.mode, self.mtime_ns, uid=self.uid, gid=self.gid, meta=self.meta)
+        return Entry(FILE, self.size, self.mode, self.mtime_ns, uid=self.uid, gid=self.gid, meta=self.meta, ctime_ns=self.ctime_ns)
+
+
+def _data_spans(chunks: tuple[tuple[bytes, int], ...]) -> list[tuple[int, int]]:
+    """``(start, end)`` of the runs of data chunks of a chunk list (what lies between are holes)."""
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for cid, n in chunks:
+        if cid != HOLE_ID:
+            if spans and spans[-1][1] == pos:
+                spans[-1] = (spans[-1][0], pos + n)
+            else:
+                spans.append((pos, pos + n))
+        pos += n
+    return spans

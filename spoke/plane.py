@@ -30,7 +30,7 @@ from fabric.errors import BadRequest, FabricError, NotFound, Unavailable
 from fabric.format import frames, packs
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
-from fabric.format.model import FILE, Commit, Entry
+from fabric.format.model import FILE, HOLE_ID, Commit, Entry
 from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.metrics import MetricsPlane
@@ -326,7 +326,7 @@ class SpokePlane(DataPlane):
         if entry.chunklist:
             entry = entry.with_(chunks=self.reader.chunk_list(entry), chunklist=None)
         if entry.kind == FILE:  # a file of repo uses chunks of repo: its reader will fetch them
-            self.ownership.learn(repo, (cid for cid, _ in entry.chunks))
+            self.ownership.learn(repo, (cid for cid, _ in entry.chunks if cid != HOLE_ID))
         return entry
 
     def list(self, repo: str, ref: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> Listing:
@@ -437,7 +437,7 @@ class SpokePlane(DataPlane):
         (uploaded here for ``repo``), or already used at one of the paths changed (a
         chmod, a rename), or the hub must say it has it for ``repo``. BadRequest when
         nobody has it (the write would be lost), and then nothing is pinned."""
-        needed = {cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks}
+        needed = {cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks if cid != HOLE_ID}
         foreign = set(self.ownership.unknown(repo, needed))
         unknown = [cid for cid in needed if cid in foreign or cid not in self.chunk_cache]
         if unknown:

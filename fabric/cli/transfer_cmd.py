@@ -76,10 +76,13 @@ def export(ctx: Ctx, source: str, dest: str, prefix: str) -> None:
     result = export_tree(ctx.plane, repo, ref, dest, prefix=prefix, progress=ctx.progress())
     for path in result.shadowed:
         click.echo(f"warning: skipped {path}: a directory of the same name shadows it (the tree has paths under {path}/)", err=True)
+    for path in result.skipped:
+        click.echo(f"warning: skipped {path}: making a device node needs root (CAP_MKNOD)", err=True)
 
     def human(r: dict) -> str:
         line = f"exported {r['files']} files ({human_size(r['bytes'])}) to {dest}"
-        return line + (f"; skipped {len(r['shadowed'])} shadowed" if r["shadowed"] else "")
+        line += f"; skipped {len(r['shadowed'])} shadowed" if r["shadowed"] else ""
+        return line + (f"; skipped {len(r['skipped'])} devices (not root)" if r["skipped"] else "")
 
     ctx.emit(result.__dict__, human)
 

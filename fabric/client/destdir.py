@@ -1,7 +1,7 @@
 """A local directory written into by relative path, never outside it.
 
-The directory is opened once; every directory, file and symlink below it is
-reached and created with ``*at`` calls relative to directory descriptors, each
+The directory is opened once; every directory, file, symlink and special file below
+it is reached and created with ``*at`` calls relative to directory descriptors, each
 component opened with ``O_NOFOLLOW``. So no symlink is ever followed: not one
 the caller writes (its target is data), not one already in the directory.
 
@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterable, Iterator
 
 from fabric.errors import Conflict
+from fabric.format.filetypes import type_bits
 from fabric.format.paths import check_path
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -83,10 +84,11 @@ class DestDir:
         os.mkdir(name, 0o755, dir_fd=parent)
         return os.open(name, _DIR_FLAGS, dir_fd=parent)
 
-    def write_file(self, dir_fd: int, rel: str, pieces: Iterable[bytes], mode: int, mtime_ns: int) -> None:
+    def write_file(self, dir_fd: int, rel: str, pieces: Iterable[bytes | int], mode: int, mtime_ns: int) -> None:
         """Write ``pieces`` to a temporary file and rename it over ``rel``, whose directory is ``dir_fd``.
 
-        A failure (of the write or of ``pieces``) leaves no temporary file behind."""
+        A piece that is an int is a hole of that many zero bytes, left unwritten (the file
+        is sparse there). A failure (of the write or of ``pieces``) leaves no temporary file behind."""
         name = _base_name(rel)
         tmp = _tmp_name()
         fd = os.open(tmp, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
@@ -94,7 +96,11 @@ class DestDir:
             try:
                 with open(fd, "wb", closefd=False) as f:
                     for piece in pieces:
-                        f.write(piece)
+                        if isinstance(piece, int):
+                            f.seek(piece, os.SEEK_CUR)
+                        else:
+                            f.write(piece)
+                    f.truncate()  # a hole at the end still counts in the size
                 os.chmod(fd, mode)
                 os.utime(fd, ns=(mtime_ns, mtime_ns))  # after the last write, so it stays
             finally:
@@ -117,6 +123,35 @@ class DestDir:
                 os.unlink(tmp, dir_fd=dir_fd)
             raise
         self._replace(dir_fd, tmp, name, rel)
+
+    def link(self, first: str, rel: str) -> None:
+        """Make ``rel`` a hard link of ``first`` (a file or symlink written before), replacing
+        what is at ``rel`` as :meth:`write_file` does. A symlink ``first`` is linked itself,
+        never followed."""
+        with self.directory(first.rpartition("/")[0]) as src_fd, self.directory(rel.rpartition("/")[0]) as dir_fd:
+            tmp = _tmp_name()
+            os.link(_base_name(first), tmp, src_dir_fd=src_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            self._replace(dir_fd, tmp, _base_name(rel), rel)
+
+    def write_special(self, dir_fd: int, rel: str, kind: str, mode: int, rdev: int, mtime_ns: int) -> bool:
+        """Make ``rel``, whose directory is ``dir_fd``, a FIFO, socket or device node (``kind``,
+        as :mod:`fabric.format.filetypes` names them). False, with nothing changed, when the
+        caller may not make a device (EPERM: no CAP_MKNOD)."""
+        name = _base_name(rel)
+        tmp = _tmp_name()
+        try:
+            os.mknod(tmp, type_bits(kind) | 0o600, rdev, dir_fd=dir_fd)
+        except PermissionError:
+            return False
+        try:
+            os.chmod(tmp, mode, dir_fd=dir_fd, follow_symlinks=False)  # (mknod's mode is cut by the umask)
+            os.utime(tmp, ns=(mtime_ns, mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        self._replace(dir_fd, tmp, name, rel)
+        return True
 
     def set_dir_attrs(self, rel: str, mode: int, mtime_ns: int) -> None:
         """Set the mode and modification time of directory ``rel``."""

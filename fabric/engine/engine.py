@@ -28,7 +28,7 @@ from fabric.engine.tree import Trees
 from fabric.errors import BadRequest, Conflict, MergeConflict, NotFound, ObjectNotFound
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
-from fabric.format.model import FILE, INLINE_CHUNKS, Commit, Entry
+from fabric.format.model import FILE, HOLE_ID, INLINE_CHUNKS, Commit, Entry
 from fabric.format.paths import COMMIT_ID_RE, check_bucket_name, check_path, check_prefix, check_ref_name, check_repo_name
 from fabric.plane.dataplane import DataPlane
 from fabric.store import ObjectStore, open_store
@@ -304,11 +304,11 @@ class Engine(DataPlane):
         return commit
 
     def _require_chunks(self, repo: str, entries: Iterable[Entry | None]) -> None:
-        """Refuse entries whose chunks are not stored as chunks of ``repo``."""
+        """Refuse entries whose chunks are not stored as chunks of ``repo`` (holes are stored nowhere)."""
         ids: list[bytes] = []
         for entry in entries:
-            if entry is not None and entry.kind == FILE:
-                ids.extend(cid for cid, _ in self.reader.chunk_list(entry))
+            if entry is not None and (entry.chunks or entry.chunklist):  # (of any kind: a FIFO naming chunks too)
+                ids.extend(cid for cid, _ in self.reader.chunk_list(entry) if cid != HOLE_ID)
         if ids:
             lacking = self.chunks.missing(ids, owner=repo)
             if lacking:

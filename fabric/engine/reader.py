@@ -17,12 +17,15 @@ from fabric.engine.metastore import CHUNKLIST, COMMIT, MetaStore
 from fabric.engine.tree import Trees
 from fabric.errors import BadRequest, RangeNotSatisfiable
 from fabric.format.listing import Listing
-from fabric.format.model import FILE, Commit, Entry
+from fabric.format.model import FILE, HOLE_ID, Commit, Entry
 
 #: Chunks requested from the chunk source at a time while streaming a file.
 READ_BATCH = 64
 #: How many batches ahead of the reader a ``readahead`` callback is told about.
 READAHEAD_BATCHES = 2
+#: A hole of a sparse file is streamed as zeros in pieces of at most this many bytes.
+ZERO_PIECE = 1024 * 1024
+_ZEROS = bytes(ZERO_PIECE)
 
 
 class Staging(Protocol):
@@ -174,6 +177,7 @@ class Reader:
         """Stream the bytes of a file entry (whole, or ``length`` bytes from ``offset``).
 
         ``readahead`` is told the chunk ids of the next batch before the current one is read.
+        Holes (:data:`~fabric.format.model.HOLE_ID`) are never read: they stream as zeros.
         """
         if entry.kind != FILE:
             raise BadRequest("not a regular file")
@@ -192,9 +196,25 @@ class Reader:
         for i in range(0, len(wanted), READ_BATCH):
             batch = wanted[i : i + READ_BATCH]
             if readahead is not None and i + READ_BATCH < len(wanted):
-                readahead([w[0] for w in wanted[i + READ_BATCH : i + (1 + READAHEAD_BATCHES) * READ_BATCH]])
-            for (_, a, b), data in zip(batch, self.read_chunks([w[0] for w in batch])):
+                ahead = [w[0] for w in wanted[i + READ_BATCH : i + (1 + READAHEAD_BATCHES) * READ_BATCH] if w[0] != HOLE_ID]
+                if ahead:
+                    readahead(ahead)
+            ids = [cid for cid, _, _ in batch if cid != HOLE_ID]
+            got = iter(self.read_chunks(ids) if ids else ())
+            for cid, a, b in batch:
+                if cid == HOLE_ID:
+                    yield from _zeros(b - a)
+                    continue
+                data = next(got)
                 yield data[a:b] if (a, b) != (0, len(data)) else data
+
+
+def _zeros(n: int) -> Iterator[bytes]:
+    """``n`` zero bytes, in pieces of at most :data:`ZERO_PIECE` (the full ones shared)."""
+    while n > 0:
+        k = min(n, ZERO_PIECE)
+        yield _ZEROS if k == ZERO_PIECE else bytes(k)
+        n -= k
 
 
 def _overlay(tree_items: Iterator[tuple[str, bytes]], staged: Iterator[tuple[str, bytes | None]]) -> Iterator[tuple[str, bytes]]:

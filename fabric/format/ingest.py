@@ -3,6 +3,10 @@
 A :class:`ChunkSink` is where new chunks go: a :class:`~fabric.engine.chunkstore.PackSession`
 on the hub, or a remote session that asks the hub which chunks it lacks and
 uploads packs of only those (see :mod:`fabric.client.http`).
+
+A sparse file is fed as runs (:func:`ingest_runs`): its data regions are chunked
+as usual, each on its own, and each hole becomes one ``(HOLE_ID, n)`` item of the
+chunk list, hashed, sent and stored nowhere (readers serve it as zeros).
 """
 
 from __future__ import annotations
@@ -13,7 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO, Protocol
 
 from fabric.format import chunking, frames, packs
-from fabric.format.model import FILE, Entry
+from fabric.format.model import FILE, HOLE_ID, Entry
+
+#: Holes shorter than this are better chunked as data (zeros dedup to a few chunks).
+HOLE_MIN = 64 * 1024
+
+#: A region of a file: ``(stream, n)`` is ``n`` bytes of data read from ``stream``,
+#: ``(None, n)`` a hole of ``n`` zero bytes.
+Run = tuple[BinaryIO | None, int]
 
 
 class ChunkSink(Protocol):
@@ -49,15 +60,38 @@ class Ingester:
         """Chunk one stream; return its chunk list and MD5."""
         md5 = hashlib.md5()
         chunks: list[tuple[bytes, int]] = []
+        self._chunk(stream, chunks, md5)
+        return chunks, md5.hexdigest()
+
+    def feed_runs(self, runs: Sequence[Run]) -> tuple[list[tuple[bytes, int]], str]:
+        """Chunk one file given as data runs and holes; return its chunk list and ETag.
+
+        Each data run is chunked on its own (chunk boundaries fall at the edges of
+        holes); each hole is one ``(HOLE_ID, n)`` item, its bytes never hashed. The
+        ETag is the MD5 of the content when there is no hole, else :func:`sparse_etag`."""
+        sparse = any(stream is None for stream, _ in runs)
+        md5 = None if sparse else hashlib.md5()
+        chunks: list[tuple[bytes, int]] = []
+        for stream, n in runs:
+            if stream is None:
+                if n:
+                    chunks.append((HOLE_ID, n))
+            else:
+                self._chunk(stream, chunks, md5)
+        if md5 is not None:
+            return chunks, md5.hexdigest()
+        return chunks, sparse_etag(chunks, len(runs))
+
+    def _chunk(self, stream: BinaryIO, chunks: list[tuple[bytes, int]], md5: hashlib._Hash | None) -> None:
         for piece in chunking.cut_stream(stream):
-            md5.update(piece)
+            if md5 is not None:
+                md5.update(piece)
             cid = chunking.chunk_id(piece)
             chunks.append((cid, len(piece)))
             self._window.append((cid, piece))
             self._pending += len(piece)
             if self._pending >= chunking.READ_WINDOW:
                 self.flush()
-        return chunks, md5.hexdigest()
 
     def flush(self) -> None:
         new = self.sink.filter_new([cid for cid, _ in self._window])
@@ -75,6 +109,27 @@ def ingest_stream(stream: BinaryIO, sink: ChunkSink) -> tuple[list[tuple[bytes, 
     result = ingester.feed(stream)
     ingester.flush()
     return result
+
+
+def ingest_runs(runs: Sequence[Run], sink: ChunkSink) -> tuple[list[tuple[bytes, int]], str]:
+    """Chunk a file given as runs (see :meth:`Ingester.feed_runs`) into ``sink``."""
+    ingester = Ingester(sink)
+    result = ingester.feed_runs(runs)
+    ingester.flush()
+    return result
+
+
+def sparse_etag(chunks: Sequence[tuple[bytes, int]], runs: int) -> str:
+    """The ETag of a file stored with holes: the MD5 of its chunk list, ``-`` and its number of runs.
+
+    Like the ETag of an S3 object uploaded in parts, it is no MD5 of the content
+    (which would cost hashing every zero of the holes), so clients do not check it
+    as one; it changes whenever the content does (chunk ids are content hashes)."""
+    md5 = hashlib.md5()
+    for cid, n in chunks:
+        md5.update(cid)
+        md5.update(n.to_bytes(8, "big"))
+    return f"{md5.hexdigest()}-{runs}"
 
 
 def file_entry(

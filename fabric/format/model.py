@@ -17,18 +17,32 @@ import msgpack
 FILE = "file"
 DIR = "dir"
 SYMLINK = "symlink"
+#: Special files: no content, only a type, mode, owner (and a device number for devices).
+FIFO = "fifo"
+SOCKET = "socket"
+CHARDEV = "chardev"
+BLOCKDEV = "blockdev"
+SPECIAL_KINDS = frozenset({FIFO, SOCKET, CHARDEV, BLOCKDEV})
 #: The mode of a directory that has no entry of its own (it exists because paths run through it).
 DEFAULT_DIR_MODE = 0o755
-_KIND_CODES = {FILE: 0, DIR: 1, SYMLINK: 2}
+_KIND_CODES = {FILE: 0, DIR: 1, SYMLINK: 2, FIFO: 3, SOCKET: 4, CHARDEV: 5, BLOCKDEV: 6}
 _KIND_NAMES = {v: k for k, v in _KIND_CODES.items()}
 
 #: Chunk lists longer than this are stored as their own object, not inline.
 INLINE_CHUNKS = 64
+#: In a chunk list, this id stands for ``n`` zero bytes (a hole of a sparse file): stored
+#: nowhere, fetched never, read as zeros.
+HOLE_ID = bytes(32)
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One path of a tree: a file, a directory marker or a symlink."""
+    """One path of a tree: a file, a directory marker, a symlink or a special file.
+
+    ``rdev``: the device number of a character or block device. ``link``: the id of
+    the hard-link group this file belongs to (paths with the same ``link`` are names
+    of one file; empty for a file with one name). ``ctime_ns``: the last change of
+    the entry's metadata (``None``: use ``mtime_ns``)."""
 
     kind: str = FILE
     size: int = 0
@@ -41,6 +55,9 @@ class Entry:
     chunklist: str | None = None
     target: str = ""
     meta: dict[str, str] = field(default_factory=dict)
+    rdev: int = 0
+    link: str = ""
+    ctime_ns: int | None = None
 
     @property
     def etag(self) -> str:
@@ -68,6 +85,12 @@ class Entry:
             d["l"] = self.target
         if self.meta:
             d["x"] = dict(sorted(self.meta.items()))
+        if self.rdev:
+            d["r"] = self.rdev
+        if self.link:
+            d["i"] = self.link
+        if self.ctime_ns is not None:
+            d["C"] = self.ctime_ns
         return d
 
     @classmethod
@@ -84,6 +107,9 @@ class Entry:
             chunklist=d.get("L"),
             target=d.get("l", ""),
             meta=d.get("x", {}),
+            rdev=d.get("r", 0),
+            link=d.get("i", ""),
+            ctime_ns=d.get("C"),
         )
 
     def encode(self) -> bytes:
@@ -109,6 +135,12 @@ class Entry:
             d["uid"], d["gid"] = self.uid, self.gid
         if self.meta:
             d["metadata"] = self.meta
+        if self.kind in (CHARDEV, BLOCKDEV):
+            d["rdev"] = self.rdev
+        if self.link:
+            d["link"] = self.link
+        if self.ctime_ns is not None:
+            d["ctime"] = self.ctime_ns / 1e9
         return d
 
 

@@ -31,8 +31,12 @@ def entry_from_json(d: dict[str, Any]) -> Entry:
         uid=d.get("uid"),
         gid=d.get("gid"),
         md5=d.get("etag", ""),
-        target=d.get("target", ""),
-        meta=d.get("metadata", {}),
+        # A JSON field may be present as null (REST sends every field of its model).
+        target=d.get("target") or "",
+        meta=d.get("metadata") or {},
+        rdev=d.get("rdev") or 0,
+        link=d.get("link") or "",
+        ctime_ns=int(round(d["ctime"] * 1e9)) if d.get("ctime") is not None else None,
     )
 
 

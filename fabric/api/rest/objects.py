@@ -25,7 +25,7 @@ STAGE_SINCE_DOC = "Conditional stage: 'SEQ HEAD' (staging seq and head commit wh
 
 class ObjectStat(BaseModel):
     path: str
-    type: Literal["file", "dir", "symlink"]
+    type: Literal["file", "dir", "symlink", "fifo", "socket", "chardev", "blockdev"]
     size: int
     mode: str
     mtime: float
@@ -34,6 +34,12 @@ class ObjectStat(BaseModel):
     uid: int | None = None
     gid: int | None = None
     metadata: dict[str, str] | None = None
+    #: The device number of a character or block device.
+    rdev: int | None = None
+    #: The hard-link group of a file with several names (the same value at each name).
+    link: str | None = None
+    #: The last change of the entry's metadata (seconds since the epoch).
+    ctime: float | None = None
 
 
 class ObjectPage(BaseModel):

@@ -18,9 +18,9 @@ from fabric.api.s3.entrymeta import slash_key
 from fabric.api.s3.errors import S3Error, from_fabric
 from fabric.api.s3.namespace import Bucket
 from fabric.api.s3.request import Ctx, iso8601, owner_xml, xml_response
+from fabric.api.s3.specials import shown
 from fabric.api.s3.transport import Response
 from fabric.errors import FabricError, NotFound
-from fabric.format.model import DIR, FILE
 from fabric.format.paths import check_prefix
 from fabric.plane.dataplane import DataPlane
 
@@ -191,7 +191,7 @@ class Listing:
                     after = path
                     continue
                 after = path
-                if e.kind not in (FILE, DIR):
+                if not shown(e):
                     continue
                 key = head + path + ("/" if slash_key(e) else "")
                 if delimiter:

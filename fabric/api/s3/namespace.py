@@ -19,6 +19,7 @@ from fabric.api.s3.auth import require
 from fabric.api.s3.cache import TTLCache
 from fabric.api.s3.entrymeta import PARTS, SLASH_KEY, slash_key
 from fabric.api.s3.errors import S3Error, from_fabric
+from fabric.api.s3.specials import shown
 from fabric.auth.principal import Principal
 from fabric.errors import BadRequest, FabricError, NotFound
 from fabric.format.model import DEFAULT_DIR_MODE, DIR, FILE, Entry
@@ -178,7 +179,7 @@ class Namespace:
         ref, path, is_dir = self.split(b, key, write=False)
         require(who, b.repo, "read")
         entry = self._stat(b, ref, path, key)
-        if entry.kind not in (FILE, DIR) or slash_key(entry) != is_dir:
+        if not shown(entry) or slash_key(entry) != is_dir:
             raise S3Error("NoSuchKey", "The specified key does not exist.", 404, Key=key)
         return ref, path, is_dir, entry
 

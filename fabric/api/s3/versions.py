@@ -43,11 +43,12 @@ from fabric.api.s3.errors import S3Error, from_fabric
 from fabric.api.s3.listing import listing_options
 from fabric.api.s3.namespace import Bucket, Namespace
 from fabric.api.s3.request import Ctx, iso8601, owner_xml, xml_response
+from fabric.api.s3.specials import shown
 from fabric.api.s3.transport import Response
 from fabric.auth.principal import Principal
 from fabric.errors import FabricError, NotFound
 from fabric.format.listing import Change
-from fabric.format.model import DIR, FILE, Entry
+from fabric.format.model import Entry
 from fabric.format.paths import check_prefix
 from fabric.plane.dataplane import DataPlane
 
@@ -108,7 +109,7 @@ def staged_id(head: str, keypath: str, entry: Entry | None) -> str:
 
 def _keypath(path: str, e: Entry | None) -> str | None:
     """The key (within its ref) an entry is listed under; None for what S3 does not show."""
-    if e is None or e.kind not in (FILE, DIR):
+    if e is None or not shown(e):
         return None
     return path + "/" if slash_key(e) else path
 
@@ -119,7 +120,7 @@ def key_state(plane: DataPlane, repo: str, ref: str, path: str, is_dir: bool) ->
         e = plane.stat(repo, ref, path)
     except NotFound:
         return None
-    return e if e.kind in (FILE, DIR) and slash_key(e) == is_dir else None
+    return e if shown(e) and slash_key(e) == is_dir else None
 
 
 def find_version(plane: DataPlane, repo: str, ref: str, path: str, is_dir: bool, vid: str) -> Version | None:
