@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from fabric.errors import Conflict
 from fabric.format.filetypes import type_bits
@@ -113,16 +113,22 @@ class DestDir:
 
     def write_symlink(self, dir_fd: int, rel: str, target: str, mtime_ns: int) -> None:
         """Make ``rel``, whose directory is ``dir_fd``, a symlink to ``target`` (text only: never resolved)."""
-        name = _base_name(rel)
         tmp = _tmp_name()
         os.symlink(target, tmp, dir_fd=dir_fd)
+        self._settle(
+            dir_fd, tmp, rel, lambda: os.utime(tmp, ns=(mtime_ns, mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
+        )
+
+    def _settle(self, dir_fd: int, tmp: str, rel: str, set_attrs: Callable[[], None]) -> None:
+        """Set the attributes of the new ``tmp`` (``set_attrs``), then rename it over ``rel``;
+        a failure removes ``tmp``."""
         try:
-            os.utime(tmp, ns=(mtime_ns, mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
+            set_attrs()
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
             raise
-        self._replace(dir_fd, tmp, name, rel)
+        self._replace(dir_fd, tmp, _base_name(rel), rel)
 
     def link(self, first: str, rel: str) -> None:
         """Make ``rel`` a hard link of ``first`` (a file or symlink written before), replacing
@@ -137,20 +143,17 @@ class DestDir:
         """Make ``rel``, whose directory is ``dir_fd``, a FIFO, socket or device node (``kind``,
         as :mod:`fabric.format.filetypes` names them). False, with nothing changed, when the
         caller may not make a device (EPERM: no CAP_MKNOD)."""
-        name = _base_name(rel)
         tmp = _tmp_name()
         try:
             os.mknod(tmp, type_bits(kind) | 0o600, rdev, dir_fd=dir_fd)
         except PermissionError:
             return False
-        try:
+
+        def set_attrs() -> None:
             os.chmod(tmp, mode, dir_fd=dir_fd, follow_symlinks=False)  # (mknod's mode is cut by the umask)
             os.utime(tmp, ns=(mtime_ns, mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-        self._replace(dir_fd, tmp, name, rel)
+
+        self._settle(dir_fd, tmp, rel, set_attrs)
         return True
 
     def set_dir_attrs(self, rel: str, mode: int, mtime_ns: int) -> None:
