@@ -11,6 +11,7 @@ unmount has committed when ``fabric umount`` returns.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -131,10 +132,11 @@ def run_foreground(
         mp = check_mountpoint(mountpoint)
         plane = open_plane(server, token, cfg.durability)
         is_branch, commit_id, commit_time = resolve_target(plane, cfg.repo, cfg.ref, cfg.writable)
+        # Opens the cache directory too: one held by another mount is refused here, with its pid.
+        fs = FabricFS(plane, cfg, branch=is_branch, commit_id=commit_id, commit_time=commit_time)
     except FabricError as exc:
         report(f"error: {exc.message}")
         raise
-    fs = FabricFS(plane, cfg, branch=is_branch, commit_id=commit_id, commit_time=commit_time)
     state = {
         "pid": os.getpid(),
         "mountpoint": mp,
@@ -273,6 +275,8 @@ def spawn(argv: list[str], mountpoint: str, log_path: str, timeout: float = READ
     if text == "ok":
         return proc.pid
     if not text:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=2)  # the pipe closed: the process is exiting, or crashed
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             text = f"the mount was not ready within {timeout:.0f}s"
