@@ -74,11 +74,11 @@ def test_autocommit_every_interval(sqlite_engine):
 
 
 def test_xml_documents():
-    keys, quiet = X.parse_delete(
+    objects, quiet = X.parse_delete_objects(
         b'<Delete xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Quiet>true</Quiet>'
         b"<Object><Key>a&amp;b</Key></Object><Object><Key>c</Key><VersionId>1</VersionId></Object></Delete>"
     )
-    assert keys == ["a&b", "c"] and quiet
+    assert objects == [("a&b", None), ("c", "1")] and quiet
     assert X.parse_complete(
         b"<CompleteMultipartUpload><Part><ETag>\"e1\"</ETag><PartNumber>1</PartNumber><ChecksumCRC32>x</ChecksumCRC32></Part>"
         b"</CompleteMultipartUpload>"
@@ -86,7 +86,7 @@ def test_xml_documents():
     assert X.parse_location(b"") is None
     assert X.parse_location(b"<CreateBucketConfiguration><LocationConstraint>eu-west-1</LocationConstraint></CreateBucketConfiguration>") == "eu-west-1"
     with pytest.raises(S3Error):
-        X.parse_delete(b"<Delete>" + b"<Object><Key>k</Key></Object>" * 1001 + b"</Delete>")
+        X.parse_delete_objects(b"<Delete>" + b"<Object><Key>k</Key></Object>" * 1001 + b"</Delete>")
     assert "&#x1;" in X.esc("a\x01b") and X.key_text("a b/é", True) == "a%20b/%C3%A9"
 
 

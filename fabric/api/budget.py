@@ -45,8 +45,6 @@ class BodyBudget:
         self.wait = wait
         self._used = 0
         self._lock = threading.Lock()
-        #: Requests refused because the budget was spent (for stats and tests).
-        self.refused = 0
 
     @property
     def used(self) -> int:
@@ -80,8 +78,6 @@ class BodyBudget:
             self._used -= n
 
     def _refuse(self, n: int) -> None:
-        with self._lock:
-            self.refused += 1
         raise Unavailable(
             f"the server is holding {self._used} of its {self.total} bytes for request bodies and cannot take "
             f"{n} more now; retry after {RETRY_AFTER}s",

@@ -94,12 +94,6 @@ def child_text(node: ET.Element, name: str) -> str | None:
     return None
 
 
-def parse_delete(body: bytes) -> tuple[list[str], bool]:
-    """A ``Delete`` document -> (keys, quiet)."""
-    objects, quiet = parse_delete_objects(body)
-    return [key for key, _ in objects], quiet
-
-
 def parse_delete_objects(body: bytes) -> tuple[list[tuple[str, str | None]], bool]:
     """A ``Delete`` document -> ([(key, version id or None)], quiet)."""
     tree = parse(body, "Delete")
