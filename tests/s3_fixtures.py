@@ -6,9 +6,11 @@ a module that defines a fixture of the same name uses its own.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterator
 
 import pytest
+from botocore.exceptions import ClientError
 
 from tests.s3_helpers import Creds, S3Hub, start_s3_hub, unique
 
@@ -35,6 +37,22 @@ def repo(s3hub: S3Hub) -> str:
     name = unique("r")
     s3hub.plane().create_repo(name)
     return name
+
+
+def racing_conditional_puts(s3, bucket: str, key: str, writers: int = 8, **condition: str) -> int:
+    """Have ``writers`` threads PUT ``key`` at once with the same condition header
+    (``IfMatch=...`` or ``IfNoneMatch=...``); how many succeeded (the others must get 412)."""
+
+    def attempt(i: int) -> bool:
+        try:
+            s3.put_object(Bucket=bucket, Key=key, Body=f"w{i}".encode(), **condition)
+            return True
+        except ClientError as exc:
+            assert exc.response["Error"]["Code"] == "PreconditionFailed"
+            return False
+
+    with concurrent.futures.ThreadPoolExecutor(writers) as pool:
+        return sum(pool.map(attempt, range(writers)))
 
 
 def error_code(exc: pytest.ExceptionInfo) -> str:

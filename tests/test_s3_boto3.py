@@ -14,7 +14,7 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.s3_fixtures import error_code, error_status
+from tests.s3_fixtures import error_code, error_status, racing_conditional_puts
 from tests.s3_helpers import S3Hub, staged_paths, start_s3_hub, unique
 
 MiB = 1024 * 1024
@@ -229,16 +229,7 @@ def test_conditional_put(s3hub, s3):
     s3.put_object(Bucket=repo, Key="main/once", Body=b"second", IfMatch=etag)
     assert s3.get_object(Bucket=repo, Key="main/once")["Body"].read() == b"second"
     # Racing writers: exactly one wins.
-    def attempt(i: int) -> bool:
-        try:
-            s3.put_object(Bucket=repo, Key="main/race", Body=f"w{i}".encode(), IfNoneMatch="*")
-            return True
-        except ClientError as exc:
-            assert exc.response["Error"]["Code"] == "PreconditionFailed"
-            return False
-
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        assert sum(pool.map(attempt, range(8))) == 1
+    assert racing_conditional_puts(s3, repo, "main/race", IfNoneMatch="*") == 1
 
 
 def test_writes_to_tags_and_commits_are_refused(s3hub, s3):

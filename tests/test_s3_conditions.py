@@ -3,13 +3,12 @@ on CompleteMultipartUpload answer 412 PreconditionFailed when they fail, and wri
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.s3_fixtures import error_code, error_status
+from tests.s3_fixtures import error_code, error_status, racing_conditional_puts
 
 MiB = 1024 * 1024
 
@@ -43,16 +42,7 @@ def test_put_if_match(s3, repo):
     new = s3.put_object(Bucket=repo, Key=key, Body=b"two", IfMatch=etag)["ETag"]
     assert _body(s3, repo, key) == b"two"
     # Racing compare-and-swap writers on one ETag: exactly one wins.
-    def attempt(i: int) -> bool:
-        try:
-            s3.put_object(Bucket=repo, Key=key, Body=f"w{i}".encode(), IfMatch=new)
-            return True
-        except ClientError as exc:
-            assert exc.response["Error"]["Code"] == "PreconditionFailed"
-            return False
-
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        assert sum(pool.map(attempt, range(8))) == 1
+    assert racing_conditional_puts(s3, repo, key, IfMatch=new) == 1
 
 
 def _upload(s3, repo: str, key: str) -> tuple[str, list[dict]]:

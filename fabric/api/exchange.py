@@ -60,7 +60,7 @@ CHUNK_IDS_BODY = {
 
 class ShareChunks(BaseModel):
     source_repo: str
-    ids: list[str] = Field(max_length=10000)
+    ids: list[str] = Field(max_length=MAX_IDS)
 
 
 class ObjectIds(BaseModel):
