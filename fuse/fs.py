@@ -196,6 +196,7 @@ class FabricFS(mfusepy.Operations):
     @op
     def release(self, path: str | None, fi: Any) -> int:
         self.writes.release(fi.fh)
+        self.unlinked.drop_closed()
         return 0
 
     @op

@@ -13,6 +13,13 @@ it, and nothing of it is staged again (:mod:`fuse.write_path` stages no unlinked
 Hidden names are never staged or listed; they are kept by name alone (libfuse makes each
 unique in the mount), so renaming a directory above one loses nothing.
 
+libfuse decides to hide by its own count of open handles, which it lowers only after the
+mount's ``release`` has returned; an unlink that comes in between (a program that closes a
+file and unlinks it at once) is hidden although the mount has no handle left, and libfuse
+may never unlink the hidden name (it marks the node hidden only after the rename returns).
+So any rename onto an absent hidden name is taken as such an unlink, and the local state of
+a hidden file is dropped as soon as it has no handle, whether or not libfuse unlinks it.
+
 A rename over a name that is open is, for libfuse, such an unlink of the target followed by
 the rename: it is staged as two changes, not one.
 """
@@ -40,16 +47,16 @@ class Unlinked:
         self.state = state
         self.writes = writes
         self._mu = threading.Lock()
-        self._hidden: dict[str, WFile] = {}
+        self._hidden: dict[str, tuple[WFile, str]] = {}  # hidden name -> (file, the name it had)
 
     def hides(self, src: str, dst: str) -> bool:
         """Is a rename of ``src`` to ``dst`` libfuse hiding an open file (not a rename a program asked for)?"""
-        st = self.state
-        return _HIDDEN.fullmatch(split(dst)[1]) is not None and st.handles.open_at(src) and st.entry(dst) is None
+        return _HIDDEN.fullmatch(split(dst)[1]) is not None and self.state.entry(dst) is None
 
     def file(self, p: str | None) -> WFile | None:
         """The unlinked open file whose hidden name is ``p``, if it is one."""
-        return None if p is None else self._hidden.get(split(p)[1])
+        held = None if p is None else self._hidden.get(split(p)[1])
+        return None if held is None else held[0]
 
     def hide(self, src: str, hidden: str, unlink: Callable[[str], None]) -> None:
         """``unlink(src)``, keeping the file's local state under the name ``hidden``."""
@@ -67,11 +74,23 @@ class Unlinked:
         with wf.lock:
             wf.unlinked, wf.path = True, None
         with self._mu:
-            self._hidden[split(hidden)[1]] = wf
+            self._hidden[split(hidden)[1]] = (wf, src)
+        self.drop_closed()  # (its last handle may have been released meanwhile)
 
     def forget(self, hidden: str) -> None:
         """libfuse's unlink of the hidden name, at the last close."""
         with self._mu:
-            wf = self._hidden.pop(split(hidden)[1], None)
-        if wf is not None:
+            held = self._hidden.pop(split(hidden)[1], None)
+        if held is not None:
+            self.writes.maybe_drop(held[0])
+
+    def drop_closed(self) -> None:
+        """Forget the hidden files that no handle holds any more (after each ``release``)."""
+        if not self._hidden:
+            return
+        handles = self.state.handles
+        with self._mu:
+            closed = [name for name, (wf, src) in self._hidden.items() if wf.opens == 0 and not handles.open_at(src)]
+            dropped = [self._hidden.pop(name)[0] for name in closed]
+        for wf in dropped:
             self.writes.maybe_drop(wf)

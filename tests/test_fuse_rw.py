@@ -399,6 +399,21 @@ def test_open_unlinked_and_renamed_files_keep_working(hub, tmp_path):
     assert plane.read(repo, "main", "after") == b"part one part two"
 
 
+def test_a_file_unlinked_right_after_its_close_leaves_no_hidden_name(hub, tmp_path):
+    """The kernel releases a closed file after close(2) returns; an unlink that overtakes
+    the release is hidden by libfuse (as for an open file) and must still leave nothing."""
+    repo = new_repo(hub)
+    with mounted(hub.url, hub.token, f"{repo}@main", tmp_path / "mnt", "--rw") as mnt:
+        for i in range(300):
+            path = os.path.join(mnt, f"f{i % 7}")
+            with open(path, "w") as f:
+                f.write("x")
+            os.unlink(path)
+        names = os.listdir(mnt)
+    staged = {c.path for c in hub.plane().uncommitted(repo, "main")}
+    assert names == [] and not staged, (names, staged)
+
+
 def test_server_errors_become_the_errno_a_program_expects():
     from fabric.errors import BadRequest, Forbidden, InvalidPath, NotFound, StorageFull, Unavailable
     from fuse.errors import fs_errno
