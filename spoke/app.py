@@ -9,6 +9,7 @@ from fabric.api.service import service_app
 from fabric.plane.dataplane import DataPlane
 
 from .auth import SpokeAuth
+from .jobs import JobMetrics
 from .plane import SpokePlane
 from .writeback_api import writeback_router
 
@@ -18,7 +19,7 @@ def create_app(plane: SpokePlane, auth: SpokeAuth | None, served: DataPlane | No
 
     The REST API serves ``served`` (default: ``plane``; the spoke passes it wrapped in
     :class:`~spoke.owners.CreatorAware`). Its ``/metrics`` also shows the spoke's calls to
-    its hub (``plane.upstream_metrics``)."""
+    its hub (``plane.upstream_metrics``) and each job's reads (``fabric_spoke_job_*``)."""
     rest_plane = served or plane
     authenticate = token_authenticator(auth.authenticate if auth else None)
     app = service_app(
@@ -29,7 +30,7 @@ def create_app(plane: SpokePlane, auth: SpokeAuth | None, served: DataPlane | No
         "fabric_spoke",
         plane.stats,
         lambda: {"hub_stream_live": plane.tracker.live(), "hub_reachable": plane.breaker.state()["reachable"]},
-        collectors=[plane.upstream_metrics],
+        collectors=[plane.upstream_metrics, JobMetrics(plane.fetcher.jobs)],
     )
     app.include_router(writeback_router(plane.writeback, authenticate))
     return app

@@ -45,6 +45,31 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
     "it is down): SECONDS for the read timeout, or e.g. connect=5,read=10,write=60,pool=10,slow=300 (slow: commits, "
     "merges, uploads). Defaults: connect 5, read 10, write 60, pool 10, slow 300.",
 )
+@click.option(
+    "--hint-window",
+    metavar="SIZE",
+    help="The most bytes fetched ahead of a job that sent a loader hint (POST /api/v1/repos/REPO/hints), counted from "
+    "its read position; at most half the chunk cache. Default: a quarter of the chunk cache, at most 256MiB. 0 turns "
+    "hinted prefetch off. Per-job reads and prefetch figures are in `fabric stats` (\"jobs\") and /metrics "
+    "(fabric_spoke_job_*).",
+)
+@click.option(
+    "--prefetch-share",
+    type=click.FloatRange(0, 1),
+    default=0.25,
+    show_default=True,
+    metavar="FRACTION",
+    help="Learned prefetch: when a job (X-Fabric-Job, or FABRIC_JOB for a mount) opens a dataset earlier jobs read, "
+    "the spoke fetches the files they read next, in the order they read them, in the background. This is the share "
+    "of the fetch workers such background fetches may keep busy (at least one); demand reads always go first. "
+    "0 turns learned prefetch off. Figures: `fabric stats` (\"learned_prefetch\", and kind \"learned\" per job).",
+)
+@click.option(
+    "--prefetch-window",
+    metavar="SIZE",
+    help="The most bytes learned prefetch fetches ahead of a job that it has not read yet; at most half the chunk "
+    "cache. Default: the same as --hint-window.",
+)
 @click.option("--no-auth", is_flag=True, help="Accept unauthenticated requests as admin (only for local demos).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve HTTPS (REST and S3) with this certificate (PEM).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Private key for --tls-cert (PEM).")
@@ -60,6 +85,9 @@ def spoke(
     lease: float,
     durability: str,
     hub_timeouts: Timeouts,
+    hint_window: str | None,
+    prefetch_share: float,
+    prefetch_window: str | None,
     no_auth: bool,
     tls_cert: str | None,
     tls_key: str | None,
@@ -92,7 +120,16 @@ def spoke(
     # One spoke per cache directory (write-back queue, state, caches), held until the command ends.
     click.get_current_context().with_resource(DirLock(cache_dir, "spoke cache directory"))
     plane = SpokePlane(
-        hub_url, token, cache_dir, parse_size(cache_size), lease=lease, durability=durability, hub_timeouts=hub_timeouts
+        hub_url,
+        token,
+        cache_dir,
+        parse_size(cache_size),
+        lease=lease,
+        durability=durability,
+        hub_timeouts=hub_timeouts,
+        hint_window=parse_size(hint_window) if hint_window is not None else None,
+        prefetch_share=prefetch_share,
+        prefetch_window=parse_size(prefetch_window) if prefetch_window is not None else None,
     )
     auth = keys = None
     if not no_auth:

@@ -7,6 +7,11 @@
   (checksum and id) before it is cached and handed out.
 - Concurrent readers of one chunk share one fetch (one future per id).
 - Parallelism is bounded by the number of workers.
+- Reads are accounted to the job they serve (:func:`spoke.jobs.current_job`):
+  demand bytes, hits, seconds waited on the hub (:class:`~spoke.jobs.JobTable`);
+  prefetches carry the job and kind that asked for them, so their accuracy,
+  coverage and waste are known (:class:`~spoke.prefetch_stats.PrefetchStats`).
+  Listeners (:meth:`FetchScheduler.on_demand`) see the ids each job demand-reads.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
@@ -21,6 +27,8 @@ from fabric.cache.disk import DiskCache
 from fabric.errors import Corruption, FabricError, NotFound
 from fabric.format import frames
 
+from .jobs import KINDS, JobTable, current_job
+from .prefetch_stats import PrefetchStats
 from .traffic import DEMAND, PREFETCH, Traffic
 
 #: Priority classes, most urgent first.
@@ -32,6 +40,8 @@ IN_FLIGHT = -1
 SERVE_WINDOW = 32
 
 FetchFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes]]]
+#: Told ``(job, ids)`` before a demand read of ``ids`` for ``job``.
+DemandListener = Callable[[str, Sequence[bytes]], None]
 
 
 class FetchScheduler:
@@ -42,11 +52,16 @@ class FetchScheduler:
         traffic: Traffic,
         workers: int = 4,
         batch_ids: int = 128,
+        background_workers: int = 1,
     ) -> None:
+        """``background_workers``: how many workers may fetch BACKGROUND batches at once (at
+        least one); the others stay free for more urgent reads."""
         self._fetch = fetch_frames
         self.cache = cache
         self.traffic = traffic
         self.batch_ids = batch_ids
+        self.background_workers = max(1, background_workers)
+        self._background_busy = self.background_busy_max = 0
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, bytes]] = []
         self._pending: dict[bytes, Future] = {}
@@ -54,6 +69,11 @@ class FetchScheduler:
         self._counter = itertools.count()
         self._stopped = False
         self.hit_bytes = self.miss_bytes = self.refetched = 0
+        #: The job and kind of each pending prefetch, by chunk id.
+        self._tags: dict[bytes, tuple[str | None, str]] = {}
+        self._listeners: list[DemandListener] = []
+        self.jobs = JobTable(on_drop=lambda job: self.prefetch_stats.forget_job(job))
+        self.prefetch_stats = PrefetchStats(self.jobs, cache.__contains__)
         self._threads = [threading.Thread(target=self._work, name=f"fetch-{i}", daemon=True) for i in range(workers)]
         for t in self._threads:
             t.start()
@@ -64,10 +84,19 @@ class FetchScheduler:
             self._cond.notify_all()
 
     # -- public --------------------------------------------------------------
+    def on_demand(self, listener: DemandListener) -> None:
+        """Call ``listener(job, ids)`` before each demand read a job makes (in the reading
+        thread: it must be quick and must not read through this scheduler)."""
+        self._listeners.append(listener)
+
     def read(self, ids: Sequence[bytes], priority: int = DEMAND_PRIORITY) -> list[bytes]:
-        """Raw bytes of each chunk (verified), fetching what the cache lacks."""
+        """Raw bytes of each chunk (verified), fetching what the cache lacks; accounted to
+        the current request's job."""
+        job = current_job()
+        self._demanding(job, ids)
         out: dict[bytes, bytes] = {}
         waits: list[tuple[bytes, Future]] = []
+        hit = 0
         for cid in dict.fromkeys(ids):
             corruptions = self.cache.corruptions
             frame = self.cache.get(cid)
@@ -79,53 +108,88 @@ class FetchScheduler:
                     # checksum on every read, so a hit needs no second hash of the content.
                     out[cid] = frames.decode(frame)
                     self.hit_bytes += len(out[cid])
+                    hit += len(out[cid])
+                    self.prefetch_stats.demanded(cid, len(out[cid]), job, True)
                     continue
                 except Corruption:
                     self.cache.drop_corrupt(cid)
                     self.refetched += 1
             waits.append((cid, self._request(cid, priority)))
+        started = time.monotonic()
         for cid, fut in waits:
             out[cid] = fut.result()
             self.miss_bytes += len(out[cid])
+            self.prefetch_stats.demanded(cid, len(out[cid]), job, False)
+        if job is not None:
+            wait = time.monotonic() - started if waits else 0.0
+            self.jobs.demand(job, sum(len(v) for v in out.values()), hit, wait)
         return [out[cid] for cid in ids]
 
-    def prefetch(self, ids: Sequence[bytes], priority: int = READAHEAD) -> None:
-        """Queue chunks for fetching without waiting for them."""
+    def prefetch(self, ids: Sequence[bytes], priority: int = READAHEAD, job: str | None = None, kind: str = "readahead") -> None:
+        """Queue chunks for fetching without waiting for them; ``job`` and ``kind`` (one of
+        :data:`~spoke.jobs.KINDS`) say who asked, for the prefetch accounting. Cached chunks
+        cost nothing."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown prefetch kind {kind!r}: use one of {', '.join(KINDS)}")
+        if priority <= DEMAND_PRIORITY:
+            raise ValueError("a prefetch cannot have demand priority")
         for cid in ids:
             if cid not in self.cache:
+                with self._cond:
+                    if cid not in self._pending:
+                        self._tags[cid] = (job, kind)
                 self._request(cid, priority)
 
-    def frames_for(self, ids: Sequence[bytes]) -> Iterator[tuple[bytes, bytes]]:
+    def frames_for(self, ids: Sequence[bytes], job: str | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(id, frame)`` for each id from the cache, fetched on a miss (to serve other clients).
 
         Works through ``ids`` :data:`SERVE_WINDOW` at a time, fetching the next window while
         this one is sent; frames are read back from the disk cache one at a time, so what a
         request holds is bounded by the window, not by the number of ids asked. A failed
         fetch in the first window (an unknown id: NotFound) is raised by the first ``next``,
-        before any record; one in a later window ends the stream early."""
+        before any record; one in a later window ends the stream early.
+
+        Accounted to ``job`` (the caller reads it from the request: a generator's body runs later)."""
         ids = list(ids)
         windows = [ids[i : i + SERVE_WINDOW] for i in range(0, len(ids), SERVE_WINDOW)]
+        if windows:
+            self._demanding(job, windows[0])
         ahead = self._fetch_missing(windows[0]) if windows else {}
         for k, window in enumerate(windows):
             fetched = ahead
+            if k + 1 < len(windows):
+                self._demanding(job, windows[k + 1])
             ahead = self._fetch_missing(windows[k + 1]) if k + 1 < len(windows) else {}
+            started = time.monotonic()
             for fut in fetched.values():
                 fut.result()  # raises the fetch's error; the decoded bytes are not kept
+            wait = time.monotonic() - started if fetched else 0.0
+            missed = set(fetched)
+            total = hit = 0
             for cid in window:
                 corruptions = self.cache.corruptions
                 frame = self.cache.get(cid)
                 if frame is None:  # evicted (or found corrupt, and dropped) since: fetch it again
                     if self.cache.corruptions != corruptions:
                         self.refetched += 1
+                    again = time.monotonic()
                     self._request(cid, DEMAND_PRIORITY).result()
+                    wait += time.monotonic() - again
+                    missed.add(cid)
                     frame = self.cache.get(cid)
                 if frame is None:
                     raise NotFound(f"chunk {cid.hex()} could not be kept in the cache")
-                if cid in fetched:
-                    self.miss_bytes += frames.raw_length(frame)
+                size = frames.raw_length(frame)
+                total += size
+                if cid in missed:
+                    self.miss_bytes += size
                 else:
-                    self.hit_bytes += frames.raw_length(frame)
+                    self.hit_bytes += size
+                    hit += size
+                self.prefetch_stats.demanded(cid, size, job, cid not in missed)
                 yield cid, frame
+            if job is not None:
+                self.jobs.demand(job, total, hit, wait)
             fetched.clear()
 
     def _fetch_missing(self, ids: Sequence[bytes]) -> dict[bytes, Future]:
@@ -133,6 +197,11 @@ class FetchScheduler:
         return {cid: self._request(cid, DEMAND_PRIORITY) for cid in dict.fromkeys(ids) if cid not in self.cache}
 
     # -- internals -----------------------------------------------------------
+    def _demanding(self, job: str | None, ids: Sequence[bytes]) -> None:
+        if job is not None:
+            for listener in self._listeners:
+                listener(job, ids)
+
     def _request(self, cid: bytes, priority: int) -> Future:
         with self._cond:
             fut = self._pending.get(cid)
@@ -144,50 +213,82 @@ class FetchScheduler:
                 self._cond.notify()
             return fut
 
-    def _take_batch(self) -> list[tuple[bytes, int]]:
+    def _ready(self) -> bool:
+        """Whether a batch may start now: the most urgent id is not BACKGROUND, or fewer than
+        ``background_workers`` background batches are in flight (stale entries are dropped)."""
+        while self._queue:
+            priority, _, cid = self._queue[0]
+            if self._priority.get(cid) != priority:
+                heapq.heappop(self._queue)  # stale entry: already taken, or queued again more urgently
+                continue
+            return priority < BACKGROUND or self._background_busy < self.background_workers
+        return False
+
+    def _take_batch(self) -> tuple[list[tuple[bytes, int]], bool]:
+        """The next batch, and whether it is a background one (which never mixes with urgent ids)."""
         with self._cond:
-            while not self._queue and not self._stopped:
+            while not self._ready() and not self._stopped:
                 self._cond.wait()
             batch: list[tuple[bytes, int]] = []
+            background = bool(self._queue) and self._queue[0][0] == BACKGROUND
             while self._queue and len(batch) < self.batch_ids:
-                priority, _, cid = heapq.heappop(self._queue)
+                priority, _, cid = self._queue[0]
+                if priority == BACKGROUND and not background:
+                    break
+                heapq.heappop(self._queue)
                 if self._priority.get(cid) != priority:
-                    continue  # stale entry: already taken, or queued again more urgently
+                    continue
                 self._priority[cid] = IN_FLIGHT
                 batch.append((cid, priority))
-            return batch
+            if background and batch:
+                self._background_busy += 1
+                self.background_busy_max = max(self.background_busy_max, self._background_busy)
+            return batch, background and bool(batch)
 
     def _work(self) -> None:
         while not self._stopped:
-            batch = self._take_batch()
+            batch, background = self._take_batch()
             if not batch:
                 continue
-            purpose = DEMAND if min(p for _, p in batch) == DEMAND_PRIORITY else PREFETCH
-            ids = [cid for cid, _ in batch]
-            got: set[bytes] = set()
             try:
-                with self.traffic.purpose(purpose):
-                    for cid, frame in self._fetch(ids):
-                        raw = frames.decode(frame, cid)  # checksum and id, before caching
-                        self.cache.put(cid, frame)
-                        got.add(cid)
-                        self._resolve(cid, raw)
-                missing = [cid for cid in ids if cid not in got]
-                if missing:
-                    raise NotFound(f"the hub did not return chunk {missing[0].hex()}")
-            except FabricError as exc:
-                for cid in ids:
-                    if cid not in got:
-                        self._fail(cid, exc)
-            except Exception as exc:  # noqa: BLE001 - a broken connection must not kill the worker
-                for cid in ids:
-                    if cid not in got:
-                        self._fail(cid, exc)
+                self._fetch_batch(batch)
+            finally:
+                if background:
+                    with self._cond:
+                        self._background_busy -= 1
+                        self._cond.notify_all()
+
+    def _fetch_batch(self, batch: list[tuple[bytes, int]]) -> None:
+        purpose = DEMAND if min(p for _, p in batch) == DEMAND_PRIORITY else PREFETCH
+        ids = [cid for cid, _ in batch]
+        prefetched = {cid: p != DEMAND_PRIORITY for cid, p in batch}
+        got: set[bytes] = set()
+        try:
+            with self.traffic.purpose(purpose):
+                for cid, frame in self._fetch(ids):
+                    raw = frames.decode(frame, cid)  # checksum and id, before caching
+                    self.cache.put(cid, frame)
+                    got.add(cid)
+                    if prefetched.get(cid, False):
+                        self.prefetch_stats.fetched(cid, len(raw), *self._tags.get(cid, (None, "readahead")))
+                    self._resolve(cid, raw)
+            missing = [cid for cid in ids if cid not in got]
+            if missing:
+                raise NotFound(f"the hub did not return chunk {missing[0].hex()}")
+        except FabricError as exc:
+            for cid in ids:
+                if cid not in got:
+                    self._fail(cid, exc)
+        except Exception as exc:  # noqa: BLE001 - a broken connection must not kill the worker
+            for cid in ids:
+                if cid not in got:
+                    self._fail(cid, exc)
 
     def _resolve(self, cid: bytes, raw: bytes) -> None:
         with self._cond:
             fut = self._pending.pop(cid, None)
             self._priority.pop(cid, None)
+            self._tags.pop(cid, None)
         if fut is not None and not fut.done():
             fut.set_result(raw)
 
@@ -195,5 +296,6 @@ class FetchScheduler:
         with self._cond:
             fut = self._pending.pop(cid, None)
             self._priority.pop(cid, None)
+            self._tags.pop(cid, None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)

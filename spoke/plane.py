@@ -30,19 +30,24 @@ from fabric.errors import BadRequest, FabricError, NotFound, Unavailable
 from fabric.format import frames, packs
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
-from fabric.format.model import FILE, HOLE_ID, Commit, Entry
+from fabric.format.model import FILE, Commit, Entry, stored_ids
 from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.metrics import MetricsPlane
+from fabric.plane.reads import check_hint
 from fabric.util.progress import Progress
 
 from .coherence import RefTracker, StagingCache
 from .fetch import READAHEAD, FetchScheduler
+from .hints import Lookahead, default_window
+from .jobs import current_job
+from .learned import PREFETCH_SHARE, LearnedPrefetch
 from .metacache import SpokeMetaStore
 from .ownership import ChunkOwnership
 from .remember import Remembered
 from .state import SpokeState
 from .traffic import PUSH, CountingTransport, Traffic
+from .workload import WorkloadStore
 from .writeback import UPLOAD_HOLD, open_writeback
 
 HUB = "hub"
@@ -103,7 +108,17 @@ class SpokePlane(DataPlane):
         fetch_workers: int = 4,
         upload_hold: float = UPLOAD_HOLD,
         hub_timeouts: Timeouts = HUB_TIMEOUTS,
+        hint_window: int | None = None,
+        prefetch_share: float = PREFETCH_SHARE,
+        prefetch_window: int | None = None,
     ) -> None:
+        """``hint_window``: the most bytes fetched ahead of a hinting job's read position
+        (default :func:`spoke.hints.default_window` of the chunk cache's budget).
+        ``prefetch_share``: the share of the fetch workers learned (background) prefetch may
+        keep busy (at least one; 0 turns learned prefetch off); ``prefetch_window``: the most
+        bytes it fetches ahead of a job (default: the hint window) (:mod:`spoke.learned`)."""
+        if not 0 <= prefetch_share <= 1:
+            raise BadRequest(f"the prefetch share is a fraction of the fetch workers, 0 to 1, not {prefetch_share}")
         if durability not in (HUB, LOCAL):
             raise BadRequest(f"unknown durability {durability!r}: use 'hub' or 'local'")
         self.traffic = Traffic()
@@ -124,8 +139,20 @@ class SpokePlane(DataPlane):
         self.meta_cache = DiskCache(os.path.join(cache_dir, "meta"), meta_budget)
         self.meta = SpokeMetaStore(self.meta_cache, self.upstream.get_objects, self.traffic)
         self.trees = Trees(self.meta)
-        self.fetcher = FetchScheduler(self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers)
+        self.fetcher = FetchScheduler(
+            self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers, background_workers=int(prefetch_share * fetch_workers)
+        )
         self.reader = Reader(self.meta, self.trees, self.fetcher.read)
+        window = default_window(self.chunk_cache.budget) if hint_window is None else hint_window
+        if not 0 <= window <= self.chunk_cache.budget // 2:
+            raise BadRequest(f"the hint window must be 0 to half the chunk cache ({self.chunk_cache.budget // 2} bytes), not {window}")
+        self.lookahead = Lookahead(self.fetcher, self.reader.chunk_list, window, lambda name, ids: self.chunk_cache.plan(ids, name))
+        learned_window = window if prefetch_window is None else prefetch_window
+        if not 0 <= learned_window <= self.chunk_cache.budget // 2:
+            raise BadRequest(f"the prefetch window must be 0 to half the chunk cache ({self.chunk_cache.budget // 2} bytes), not {learned_window}")
+        self.learned = LearnedPrefetch(
+            WorkloadStore(cache_dir), self._resolver, self.fetcher, self.chunk_cache, learned_window, prefetch_share > 0
+        )
         self.state = SpokeState(cache_dir)
         self.tracker = RefTracker(self.upstream, self.traffic, self.state, lease)
         self.staging = StagingCache(self.upstream, self.tracker, self.traffic)
@@ -139,6 +166,8 @@ class SpokePlane(DataPlane):
     def close(self) -> None:
         self.tracker.stop()
         self.writeback.stop()
+        self.lookahead.stop()
+        self.learned.close()
         self.fetcher.stop()
         self.upstream.close()
 
@@ -326,8 +355,30 @@ class SpokePlane(DataPlane):
         if entry.chunklist:
             entry = entry.with_(chunks=self.reader.chunk_list(entry), chunklist=None)
         if entry.kind == FILE:  # a file of repo uses chunks of repo: its reader will fetch them
-            self.ownership.learn(repo, (cid for cid, _ in entry.chunks if cid != HOLE_ID))
+            self.ownership.learn(repo, stored_ids(entry.chunks))
+            self.learned.opened(repo, ref, path, entry.size)
         return entry
+
+    def _resolver(self, repo: str, ref: str) -> Callable[[str], tuple[int, list[bytes]] | None]:
+        """For learned prefetch: a path of ``repo@ref`` (as seen now) -> its size and stored chunk ids."""
+        view = self.view(repo, ref)[0]
+
+        def resolve(path: str) -> tuple[int, list[bytes]] | None:
+            entry = self.reader.stat(view, path)
+            if entry is None or entry.kind != FILE:
+                return None
+            return entry.size, list(stored_ids(self.reader.chunk_list(entry)))
+
+        return resolve
+
+    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str, append: bool = False) -> dict:
+        """Check the hint whole (every path a file at ``ref``), then make it ``job``'s order in
+        ``repo``: chunks are fetched ahead of the job's reads (:mod:`spoke.hints`)."""
+        view = self.view(repo, ref)[0]
+        entries = check_hint(repo, ref, paths, job, lambda path: self.reader.stat(view, path))
+        self.lookahead.hint(job, repo, [entries[p] for p in paths], append)
+        total = sum(entries[p].size for p in paths)
+        return {"job": job, "paths": len(paths), "bytes": total, "window_bytes": self.lookahead.window_bytes}
 
     def list(self, repo: str, ref: str, prefix: str = "", delimiter: str = "", after: str = "", limit: int = 1000) -> Listing:
         check_prefix(prefix)
@@ -347,7 +398,9 @@ class SpokePlane(DataPlane):
             entry = self.stat(repo, ref, path)
         if entry.kind != FILE:
             raise BadRequest(f"{path!r} in {repo}@{ref} is a {entry.kind}, not a file")
-        return self.reader.read_entry(entry, offset, length, readahead=lambda ids: self.fetcher.prefetch(ids, READAHEAD))
+        job = current_job()
+        self.learned.opened(repo, ref, path, entry.size)
+        return self.reader.read_entry(entry, offset, length, readahead=lambda ids: self.fetcher.prefetch(ids, READAHEAD, job=job))
 
     # -- writing -------------------------------------------------------------
     def _durability(self, asked: str | None) -> str:
@@ -437,7 +490,7 @@ class SpokePlane(DataPlane):
         (uploaded here for ``repo``), or already used at one of the paths changed (a
         chmod, a rename), or the hub must say it has it for ``repo``. BadRequest when
         nobody has it (the write would be lost), and then nothing is pinned."""
-        needed = {cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks if cid != HOLE_ID}
+        needed = {cid for e in changes.values() if e is not None and e.kind == FILE for cid in stored_ids(e.chunks)}
         foreign = set(self.ownership.unknown(repo, needed))
         unknown = [cid for cid in needed if cid in foreign or cid not in self.chunk_cache]
         if unknown:
@@ -509,7 +562,7 @@ class SpokePlane(DataPlane):
     def frames(self, ids: Sequence[bytes], repo: str | None = None) -> Iterator[tuple[bytes, bytes]]:
         if repo is not None:
             self.ownership.require(repo, ids)
-        return self.fetcher.frames_for(list(ids))
+        return self.fetcher.frames_for(list(ids), current_job())
 
     def share_chunks(self, source_repo: str, repo: str, ids: Sequence[bytes]) -> None:
         self.upstream.share_chunks(source_repo, repo, ids)
@@ -572,6 +625,10 @@ class SpokePlane(DataPlane):
             "cache_refetched": self.fetcher.refetched,
             "cache_hit_bytes": self.fetcher.hit_bytes,
             "cache_miss_bytes": self.fetcher.miss_bytes,
+            "hint_window_bytes": self.lookahead.window_bytes,
+            "prefetch": self.fetcher.prefetch_stats.snapshot(),
+            "jobs": self.fetcher.jobs.snapshot(),
+            "learned_prefetch": {**self.learned.stats(), "background_in_flight_max": self.fetcher.background_busy_max},
             "writeback_pending": self.writeback.count(),
             "writeback_landed": self.writeback.landed,
             "writeback_early_chunks": self.writeback.early_sent,

@@ -45,7 +45,7 @@ from fabric.cache.disk import DiskCache
 from fabric.client.http import HttpPlane
 from fabric.errors import Conflict, FabricError, NotFound, Unavailable
 from fabric.format import packs
-from fabric.format.model import FILE, HOLE_ID, Entry
+from fabric.format.model import FILE, Entry, stored_ids
 from fabric.util import sqlite
 
 from .hub_errors import is_permanent, never_sent
@@ -104,7 +104,7 @@ class WriteBack:
         with self._lock:
             rows = self._db.execute("SELECT entry FROM ops WHERE entry IS NOT NULL").fetchall()
         for (enc,) in rows:
-            out.update(cid for cid, _ in Entry.decode(enc).chunks if cid != HOLE_ID)
+            out.update(stored_ids(Entry.decode(enc).chunks))
         return out
 
     def start(
@@ -245,7 +245,7 @@ class WriteBack:
             self._wake.notify_all()
         if rows:
             log.warning("write-back: %d parked write(s) dropped by an operator", len(rows))
-        self._unpin_unneeded(cid for _, enc in rows if enc is not None for cid, _ in Entry.decode(enc).chunks if cid != HOLE_ID)
+        self._unpin_unneeded(cid for _, enc in rows if enc is not None for cid in stored_ids(Entry.decode(enc).chunks))
         return len(rows)
 
     # -- flushing ------------------------------------------------------------
@@ -317,7 +317,7 @@ class WriteBack:
                 changes.pop(path, None)
                 changes[path] = Entry.decode(enc) if enc is not None else None
             chunk_ids = list(
-                dict.fromkeys(cid for e in changes.values() if e is not None and e.kind == FILE for cid, _ in e.chunks if cid != HOLE_ID)
+                dict.fromkeys(cid for e in changes.values() if e is not None and e.kind == FILE for cid in stored_ids(e.chunks))
             )
             ids = [r[0] for r in rows]
             try:

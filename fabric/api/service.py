@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 
 from fabric import __version__
 from fabric.api.errors import install_error_handlers
+from fabric.api.jobs import JobMiddleware
 from fabric.api.metrics import Metrics, MetricsMiddleware
 from fabric.api.rest import PlaneGetter, build_router
 from fabric.auth.principal import Principal
@@ -26,6 +27,9 @@ def service_app(
     collectors: Sequence[Collector] = (),
 ) -> FastAPI:
     """A service's ASGI app; callers add their own routers before serving it.
+
+    A request's ``X-Fabric-Job`` is checked (400 when invalid) and kept for the code that
+    serves it (:func:`fabric.api.jobs.request_job`).
 
     ``gauge_values`` feeds the ``gauge_name`` gauge (numeric values only) on each
     scrape; ``health`` adds fields to ``/healthz`` (and raises when unhealthy);
@@ -54,5 +58,6 @@ def service_app(
     def metrics_endpoint():  # noqa: ANN202 - a plain-text Response
         return metrics.response(collect)
 
+    app.add_middleware(JobMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -11,6 +11,14 @@ frames and metadata objects, a mount's chunks (``--cache-dir``).
   most-recently-used end. On a cyclic scan larger than the cache, main keeps
   a stable ~90% of the budget that hits every epoch, where plain LRU would
   hit nothing; a new working set still replaces a dead one.
+- **Plans** (:meth:`DiskCache.plan`): an owner (a job, a hint) may tell the cache
+  which ids it will read soon, in order (:mod:`fabric.cache.plans`). A cached
+  blob a plan lists is *held* apart from window and main: eviction takes window
+  and main first (as above), then the held blob to be read last. Every
+  :meth:`DiskCache.get`, hit or miss, consumes the id's place in the plans; a
+  held blob no plan lists any more joins main (read: at its most recently used
+  end; passed over or dropped: at its least recently used end). Without plans
+  nothing is held and the policy above is exactly what runs.
 - **Pins**: pinned blobs (unflushed writes) are never evicted; they count
   against the budget. A batch is pinned whole or not at all: its room is
   reserved under the lock before any file is written, so concurrent batches
@@ -36,11 +44,13 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from fabric.errors import StorageFull
 from fabric.util.dirlock import DirLock
+
+from .plans import PLAN_MAX_IDS, Plans
 
 log = logging.getLogger("fabric.cache")
 
@@ -74,7 +84,9 @@ class DiskCache:
         self._window: OrderedDict[bytes, _Item] = OrderedDict()
         self._main: OrderedDict[bytes, _Item] = OrderedDict()
         self._pinned: dict[bytes, _Item] = {}
-        self._window_bytes = self._main_bytes = self._pinned_bytes = 0
+        self._held: dict[bytes, _Item] = {}  # cached blobs that plans list
+        self._plans = Plans()
+        self._window_bytes = self._main_bytes = self._pinned_bytes = self._held_bytes = 0
         # Blobs evicted while their writer was still writing them: their bytes stay
         # reserved until the writer has removed the file.
         self._doomed: dict[bytes, int] = {}
@@ -129,7 +141,7 @@ class DiskCache:
     # -- accounting ----------------------------------------------------------
     @property
     def used(self) -> int:
-        return self._window_bytes + self._main_bytes + self._pinned_bytes + self._doomed_bytes
+        return self._window_bytes + self._main_bytes + self._pinned_bytes + self._held_bytes + self._doomed_bytes
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -137,7 +149,9 @@ class DiskCache:
                 "cache_bytes": self.used,
                 "cache_budget_bytes": self.budget,
                 "cache_pinned_bytes": self._pinned_bytes,
-                "cache_entries": len(self._window) + len(self._main) + len(self._pinned),
+                "cache_entries": len(self._window) + len(self._main) + len(self._pinned) + len(self._held),
+                "cache_planned_bytes": self._held_bytes,
+                "cache_plan_ids": self._plans.places(),
                 "cache_evictions": self.evictions,
                 "cache_corruptions": self.corruptions,
             }
@@ -145,17 +159,19 @@ class DiskCache:
     def keys(self) -> list[bytes]:
         """Every cached key (pinned ones included)."""
         with self._lock:
-            return [*self._window, *self._main, *self._pinned]
+            return [*self._window, *self._main, *self._pinned, *self._held]
 
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
-            return key in self._window or key in self._main or key in self._pinned
+            return key in self._window or key in self._main or key in self._pinned or key in self._held
 
     # -- reading -------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
         """The blob, verified; ``None`` on a miss or when the cached copy was corrupt."""
         with self._lock:
-            item = self._window.get(key) or self._main.get(key) or self._pinned.get(key)
+            item = self._window.get(key) or self._main.get(key) or self._pinned.get(key) or self._held.get(key)
+            if self._plans:
+                self._release(self._plans.consume(key), key)
             if item is None or key in self._writing:
                 self.misses += 1
                 return None
@@ -180,6 +196,28 @@ class DiskCache:
             elif key in self._main:
                 self._main.move_to_end(key)
         return data
+
+    # -- plans ---------------------------------------------------------------
+    def plan(self, ordered_ids: Sequence[bytes], name: str = "") -> int:
+        """Tell the cache that ``ordered_ids`` will be read soon, in this order (the plan
+        ``name``, replacing the one set before under that name; an empty list drops it).
+        Until read, a cached blob listed is evicted only after every blob no plan lists,
+        and the one to be read last first. Returns how many places were kept (bounded:
+        :data:`fabric.cache.plans.PLAN_MAX_IDS` for all plans together)."""
+        ids = list(ordered_ids[:PLAN_MAX_IDS])
+        if not all(isinstance(k, bytes) and k for k in ids):
+            raise ValueError("a plan lists blob ids: non-empty bytes")
+        with self._lock:
+            planned, released = self._plans.set(name, ids)
+            self._release(released, None)
+            for key in planned:
+                self._hold(key)
+            return len(ids)
+
+    def drop_plan(self, name: str = "") -> None:
+        """Forget the plan ``name`` (its blobs are evicted as any others again)."""
+        with self._lock:
+            self._release(self._plans.drop(name), None)
 
     # -- writing -------------------------------------------------------------
     def put(self, key: bytes, data: bytes, pin: bool = False) -> bool:
@@ -246,22 +284,28 @@ class DiskCache:
                     self._pinned_bytes -= item.size
                     self._main[key] = item
                     self._main_bytes += item.size
+                    self._hold(key)
             self._make_room(0)
 
     def _store(self, key: bytes, data: bytes) -> bool:
         size = len(data)
         with self._lock:
-            if key in self._pinned or key in self._writing or key in self._window or key in self._main:
+            if key in self._pinned or key in self._writing or key in self._window or key in self._main or key in self._held:
                 return True
             if size > self.window_cap:
                 return False
             self._clock += size
-            self._window[key] = _Item(size, self._clock)
-            self._window_bytes += size
-            self._spill_window()
+            if self._plans.planned(key):
+                self._held[key] = _Item(size, self._clock)
+                self._held_bytes += size
+                self._plans.noted(key)
+            else:
+                self._window[key] = _Item(size, self._clock)
+                self._window_bytes += size
+                self._spill_window()
             # Files of victims go before the new file is written: disk use never exceeds the budget.
             self._make_room(0)
-            if key not in self._window and key not in self._main:
+            if key not in self._window and key not in self._main and key not in self._held:
                 return False
             self._writing[key] = 1
         try:
@@ -285,7 +329,7 @@ class DiskCache:
                 # A blob evicted while it was written kept its bytes reserved until now; one evicted
                 # or dropped meanwhile (and not cached again) leaves no file behind.
                 self._doomed_bytes -= self._doomed.pop(key, 0)
-                if not (key in self._window or key in self._main or key in self._pinned):
+                if not (key in self._window or key in self._main or key in self._pinned or key in self._held):
                     self._unlink(key)
 
     def pin(self, key: bytes) -> bool:
@@ -294,7 +338,7 @@ class DiskCache:
             return self._pin_locked(key)
 
     def _pin_locked(self, key: bytes) -> bool:
-        for seg, attr in ((self._window, "_window_bytes"), (self._main, "_main_bytes")):
+        for seg, attr in ((self._window, "_window_bytes"), (self._main, "_main_bytes"), (self._held, "_held_bytes")):
             item = seg.pop(key, None)
             if item is not None:
                 setattr(self, attr, getattr(self, attr) - item.size)
@@ -311,6 +355,7 @@ class DiskCache:
             self._pinned_bytes -= item.size
             self._main[key] = item
             self._main_bytes += item.size
+            self._hold(key)
             self._make_room(0)
 
     def drop(self, key: bytes) -> None:
@@ -322,7 +367,8 @@ class DiskCache:
 
     # -- internals (called with the lock held) -------------------------------
     def _make_room(self, size: int) -> None:
-        """Evict until ``size`` more bytes fit: unproven window blobs first, then main's LRU."""
+        """Evict until ``size`` more bytes fit: unproven window blobs first, then main's LRU,
+        then the planned blob to be read last."""
         while self.used + size > self.budget and (self._window or self._main):
             seg = self._window if self._window else self._main
             key, item = seg.popitem(last=False)
@@ -331,12 +377,45 @@ class DiskCache:
             else:
                 self._main_bytes -= item.size
             self._evict_locked(key, item)
+        while self.used + size > self.budget and self._held:
+            victim = self._plans.victim(self._held.__contains__)
+            if victim is None:  # cannot happen: every held blob is planned
+                victim = next(iter(self._held))
+            item = self._held.pop(victim)
+            self._held_bytes -= item.size
+            self._evict_locked(victim, item)
+
+    def _hold(self, key: bytes) -> None:
+        """A cached blob a plan lists leaves window or main for the held segment."""
+        if not self._plans.planned(key):
+            return
+        for seg, attr in ((self._window, "_window_bytes"), (self._main, "_main_bytes")):
+            item = seg.pop(key, None)
+            if item is not None:
+                setattr(self, attr, getattr(self, attr) - item.size)
+                self._held[key] = item
+                self._held_bytes += item.size
+                self._plans.noted(key)
+                return
+
+    def _release(self, keys: list[bytes], read: bytes | None) -> None:
+        """Held blobs no plan lists any more join main: ``read`` (just read) at the most
+        recently used end, the others (passed over, or their plan dropped) at the least."""
+        for key in keys:
+            item = self._held.pop(key, None)
+            if item is None:
+                continue
+            self._held_bytes -= item.size
+            self._main[key] = item
+            self._main_bytes += item.size
+            if key != read:
+                self._main.move_to_end(key, last=False)
 
     def _spill_window(self) -> None:
         while self._window_bytes > self.window_cap:
             key, item = self._window.popitem(last=False)
             self._window_bytes -= item.size
-            main_cap = self.budget - self.window_cap - self._pinned_bytes
+            main_cap = self.budget - self.window_cap - self._pinned_bytes - self._held_bytes
             while self._main and self._main_bytes + item.size > main_cap and self._dead(next(iter(self._main.values()))):
                 old_key, old = self._main.popitem(last=False)
                 self._main_bytes -= old.size
@@ -364,7 +443,12 @@ class DiskCache:
         with self._lock:
             self.misses += miss
             self.corruptions += corrupt
-            for seg, attr in ((self._window, "_window_bytes"), (self._main, "_main_bytes"), (self._pinned, "_pinned_bytes")):
+            for seg, attr in (
+                (self._window, "_window_bytes"),
+                (self._main, "_main_bytes"),
+                (self._pinned, "_pinned_bytes"),
+                (self._held, "_held_bytes"),
+            ):
                 item = seg.pop(key, None)
                 if item is not None:
                     setattr(self, attr, getattr(self, attr) - item.size)

@@ -53,9 +53,21 @@ def gc(ctx: Ctx, grace: float | None, dry_run: bool) -> None:
 @pass_ctx
 @handle_errors
 def stats(ctx: Ctx) -> None:
-    """Show storage statistics (logical bytes, stored bytes, dedup)."""
-    s = ctx.plane.stats()
-    ctx.emit(s, lambda d: "\n".join(f"{k}: {v}" for k, v in d.items()))
+    """Show storage statistics (logical bytes, stored bytes, dedup); at a spoke also its
+    cache, prefetch and per-job figures (--json for the whole document)."""
+    ctx.emit(ctx.plane.stats(), lambda d: "\n".join(_stat_lines(d)))
+
+
+def _stat_lines(figures: dict, indent: str = "") -> list[str]:
+    """``key: value`` lines, a nested section (a spoke's ``jobs``, ``prefetch``) indented under its key."""
+    lines: list[str] = []
+    for key, value in figures.items():
+        if isinstance(value, dict) and value:
+            lines.append(f"{indent}{key}:")
+            lines.extend(_stat_lines(value, indent + "  "))
+        else:
+            lines.append(f"{indent}{key}: {value}")
+    return lines
 
 
 def register(cli: click.Group) -> None:

@@ -25,6 +25,7 @@ from fabric.format.ingest import PackSession
 from fabric.format.listing import Change, Listing
 from fabric.format.model import Commit, Entry
 from fabric.plane.dataplane import DataPlane
+from fabric.plane.jobs import JOB_ENV, JOB_HEADER, MAX_HINT_BYTES, MAX_HINT_PATHS, check_job
 from fabric.plane.wire import (
     MSGPACK,
     STAGE_SINCE_HEADER,
@@ -98,6 +99,21 @@ def durability_header(durability: str | None) -> dict[str, str]:
     return {"X-Fabric-Durability": durability} if durability is not None else {}
 
 
+def _hint_batches(paths: Sequence[str]) -> Iterator[list[str]]:
+    """``paths`` cut into hints a server takes: at most MAX_HINT_PATHS paths, and half the
+    body limit of JSON (room for escapes), each; one empty batch for no paths."""
+    batch: list[str] = []
+    size = 0
+    for path in paths:
+        n = len(path.encode()) + 4
+        if batch and (len(batch) == MAX_HINT_PATHS or size + n > MAX_HINT_BYTES // 2):
+            yield batch
+            batch, size = [], 0
+        batch.append(path)
+        size += n
+    yield batch
+
+
 def raise_for_error(response: httpx.Response) -> None:
     """Turn an error response into the matching :mod:`fabric.errors` exception."""
     if response.status_code < 400:
@@ -121,11 +137,17 @@ class HttpPlane(DataPlane):
         token: str | None = None,
         timeout: float | Timeouts = 300.0,
         transport: httpx.BaseTransport | None = None,
+        job: str | None = None,
     ) -> None:
-        """``timeout``: seconds for every phase but connecting (10 s), or :class:`Timeouts`."""
+        """``timeout``: seconds for every phase but connecting (10 s), or :class:`Timeouts`.
+        ``job``: the job every request reads for (``X-Fabric-Job``; default: env ``FABRIC_JOB``,
+        if set); BadRequest when it is not a valid job id."""
         self.url = url.rstrip("/")
         self.timeouts = timeout if isinstance(timeout, Timeouts) else Timeouts(10.0, timeout, timeout, timeout, timeout)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.job = check_job(job) if job is not None else (check_job(os.environ[JOB_ENV]) if os.environ.get(JOB_ENV) else None)
+        if self.job is not None:
+            headers[JOB_HEADER] = self.job
         verify: Any = os.environ.get("FABRIC_CA_BUNDLE") or True
         self.http = httpx.Client(
             base_url=self.url + "/api/v1",
@@ -304,6 +326,23 @@ class HttpPlane(DataPlane):
             page = response.json()
             entries = [(e["path"], entry_from_json(e)) for e in page["entries"]]
         return Listing(entries, page["prefixes"], page["next_after"])
+
+    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str | None = None, append: bool = False) -> dict:
+        """``job`` defaults to this plane's own; a long order is sent in several calls (the later
+        ones appending), each within the server's limits; the answer sums them. A call refused
+        after the first leaves the calls before it in effect."""
+        job = job if job is not None else self.job
+        if job is None:
+            raise errors.BadRequest(f"a hint needs a job id: HttpPlane(job=...) or ${JOB_ENV}")
+        check_job(job)
+        total = {"job": job, "paths": 0, "bytes": 0, "window_bytes": 0}
+        for batch in _hint_batches(paths):
+            reply = self._json("POST", f"/repos/{repo}/hints", json={"ref": ref, "paths": batch, "job": job, "append": append})
+            append = True
+            total["paths"] += reply["paths"]
+            total["bytes"] += reply["bytes"]
+            total["window_bytes"] = reply["window_bytes"]
+        return total
 
     def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
         headers = {}

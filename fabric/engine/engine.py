@@ -28,9 +28,10 @@ from fabric.engine.tree import Trees
 from fabric.errors import BadRequest, Conflict, MergeConflict, NotFound, ObjectNotFound
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
-from fabric.format.model import FILE, HOLE_ID, INLINE_CHUNKS, Commit, Entry
+from fabric.format.model import FILE, INLINE_CHUNKS, Commit, Entry, stored_ids
 from fabric.format.paths import COMMIT_ID_RE, check_bucket_name, check_path, check_prefix, check_ref_name, check_repo_name
 from fabric.plane.dataplane import DataPlane
+from fabric.plane.reads import check_hint
 from fabric.store import ObjectStore, open_store
 from fabric.util.progress import Progress
 from fabric.util.sqlite import Durability
@@ -308,7 +309,7 @@ class Engine(DataPlane):
         ids: list[bytes] = []
         for entry in entries:
             if entry is not None and (entry.chunks or entry.chunklist):  # (of any kind: a FIFO naming chunks too)
-                ids.extend(cid for cid, _ in self.reader.chunk_list(entry) if cid != HOLE_ID)
+                ids.extend(stored_ids(self.reader.chunk_list(entry)))
         if ids:
             lacking = self.chunks.missing(ids, owner=repo)
             if lacking:
@@ -441,6 +442,12 @@ class Engine(DataPlane):
             return entry.with_(chunks=self.reader.chunk_list(entry), chunklist=None)
         return entry
 
+    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str, append: bool = False) -> dict:
+        """Checked only (a hub fetches nothing ahead), against one view of ``ref``."""
+        view = self.resolve(repo, ref)
+        entries = check_hint(repo, ref, paths, job, lambda path: self.reader.stat(view, path))
+        return {"job": job, "paths": len(paths), "bytes": sum(entries[p].size for p in paths), "window_bytes": 0}
+
     def list(
         self,
         repo: str,
@@ -498,18 +505,21 @@ class Engine(DataPlane):
         self.head(repo, branch)
         with self.chunks.session(owner=repo) as session:
             chunks, md5 = ingest_stream(stream, session)
-        entry = file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
-        self.stage(repo, branch, {path: entry})
-        return self.normalize(entry)
+        entry = self.normalize(file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta))
+        # (the session made every chunk the repository's: nothing left to check before staging)
+        self.catalog.stage(repo, branch, [(path, entry.encode())])
+        return entry
 
     def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> int:
         """Stage entries (``None`` deletes) whose chunks are already stored (hub-durable)."""
+        return self.catalog.stage(repo, branch, self._staging_rows(repo, changes))
+
+    def _staging_rows(self, repo: str, changes: Mapping[str, Entry | None]) -> list[tuple[str, bytes | None]]:
+        """``changes`` as staging rows, once every path is valid and every chunk is the repository's."""
         for path in changes:
             check_path(path)
         self._require_chunks(repo, changes.values())
-        return self.catalog.stage(
-            repo, branch, [(p, e.encode() if e is not None else None) for p, e in self._normalized(changes).items()]
-        )
+        return [(p, e.encode() if e is not None else None) for p, e in self._normalized(changes).items()]
 
     def stage_unless_newer(
         self, repo: str, branch: str, changes: Mapping[str, Entry | None], since_seq: int, since_head: str
@@ -518,9 +528,7 @@ class Engine(DataPlane):
         tried (its staging seq was ``since_seq`` and its head ``since_head`` then): a replay
         of a write that may have landed never overwrites a newer one. Returns the staging
         seq and the paths left out (staged since, or changed by a commit since)."""
-        for path in changes:
-            check_path(path)
-        self._require_chunks(repo, changes.values())
+        rows = self._staging_rows(repo, changes)
         head = self.head(repo, branch)
         committed = set()
         if head != since_head:
@@ -534,7 +542,7 @@ class Engine(DataPlane):
                 now = self.trees.get(after, path)
                 if before is None or (was.encode() if was else None) != (now.encode() if now else None):
                     committed.add(path)
-        rows = [(p, e.encode() if e is not None else None) for p, e in self._normalized(changes).items() if p not in committed]
+        rows = [row for row in rows if row[0] not in committed]
         seq, newer = self.catalog.stage_unless_newer(repo, branch, rows, since_seq, head)
         return seq, sorted(committed.union(newer))
 

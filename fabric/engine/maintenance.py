@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from fabric.engine.metastore import CHUNKLIST, COMMIT, METARANGE, PREFIX, RANGE, decode_object, object_key
 from fabric.errors import Corruption, FabricError, NotFound, ObjectNotFound
 from fabric.format import packs
-from fabric.format.model import FILE, HOLE_ID, Entry
+from fabric.format.model import FILE, HOLE_ID, Entry, stored_ids
 from fabric.util.progress import Progress
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class Walker:
             chunks = self._object(CHUNKLIST, entry.chunklist, f"{where}: chunk list")
             self.found.chunks.update(bytes(c) for c, _ in chunks or () if bytes(c) != HOLE_ID)
         else:
-            self.found.chunks.update(c for c, _ in entry.chunks if c != HOLE_ID)  # a hole is stored nowhere
+            self.found.chunks.update(stored_ids(entry.chunks))
 
 
 def record_ownership(engine: Engine) -> None:

@@ -9,6 +9,7 @@ encodings are part of the storage format (``FORMAT_VERSION`` in
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,6 +34,11 @@ INLINE_CHUNKS = 64
 #: In a chunk list, this id stands for ``n`` zero bytes (a hole of a sparse file): stored
 #: nowhere, fetched never, read as zeros.
 HOLE_ID = bytes(32)
+
+
+def stored_ids(chunks: Iterable[tuple[bytes, int]]) -> list[bytes]:
+    """The ids of a chunk list that name stored chunks, in order (holes are stored nowhere)."""
+    return [cid for cid, _ in chunks if cid != HOLE_ID]
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ write them by URL (``fabric://REPO@REF/path``).
 
 :mod:`.filesystem` is the file system, :mod:`.files` its open files, :mod:`.chunks` the
 chunk-level reads they share, :mod:`.locations` the paths it takes and :mod:`.errors` the
-exceptions fsspec users expect. fsspec finds it through the ``fsspec.specs`` entry point
-``fabric`` in ``pyproject.toml``.
+exceptions fsspec users expect; :mod:`.wds` opens ``fabric://`` shards for webdataset.
+fsspec finds the file system through the ``fsspec.specs`` entry point ``fabric`` in
+``pyproject.toml``.
 
 May import: :mod:`fabric.client` and the layers below it; nothing imports this package.
 """

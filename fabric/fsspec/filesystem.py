@@ -37,7 +37,7 @@ from fsspec.spec import AbstractFileSystem
 from fabric import errors
 from fabric.client.http import HttpPlane
 from fabric.format.links import NAMES
-from fabric.format.model import DIR, FILE, HOLE_ID, SYMLINK, Entry
+from fabric.format.model import DIR, FILE, SYMLINK, Entry, stored_ids
 from fabric.format.namespace import visible
 from fabric.fsspec import chunks
 from fabric.fsspec.errors import fs_errors, is_a_directory, not_a_directory, not_found
@@ -54,7 +54,8 @@ _IMPLICIT_DIR = Entry(kind=DIR)
 class FabricFileSystem(AbstractFileSystem):
     """``server``: the hub's or spoke's URL (default ``$FABRIC_SERVER``); ``token``: the
     bearer token (default ``$FABRIC_TOKEN``); ``commit``: a commit message, to commit the
-    branch after every write; ``timeout``: seconds a request may wait."""
+    branch after every write; ``timeout``: seconds a request may wait; ``job``: the job
+    its reads are accounted to at a spoke (``X-Fabric-Job``, default ``$FABRIC_JOB``)."""
 
     protocol = "fabric"
     root_marker = ""
@@ -65,6 +66,7 @@ class FabricFileSystem(AbstractFileSystem):
         token: str | None = None,
         commit: str | None = None,
         timeout: float = 300.0,
+        job: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -72,7 +74,8 @@ class FabricFileSystem(AbstractFileSystem):
         if not server:
             raise ValueError("fabric://: no server: pass server=URL (storage_options) or set FABRIC_SERVER")
         token = token if token is not None else os.environ.get("FABRIC_TOKEN")
-        self.plane = HttpPlane(server, token or None, timeout=timeout)
+        with fs_errors("fabric://"):
+            self.plane = HttpPlane(server, token or None, timeout=timeout, job=job)
         self.commit_message = commit
         self._default_branch: dict[str, str] = {}
         self._branches: dict[str, set[str]] = {}
@@ -231,6 +234,19 @@ class FabricFileSystem(AbstractFileSystem):
     def modified(self, path: str) -> datetime:
         return datetime.fromtimestamp(self.info(path)["mtime"], tz=UTC)
 
+    def pin(self, path: str) -> str:
+        """``path`` (a URL or pattern; ``fabric://`` kept if given) with its ref replaced by the
+        commit id it names now, so all later reads see that one version. Loaders that cache by
+        URL need it: Hugging Face ``datasets`` keeps a downloaded file under its URL alone, so
+        a branch URL loads what it downloaded first, whatever was committed since."""
+        scheme = f"{self.protocol}://" if str(path).startswith(f"{self.protocol}://") else ""
+        path, loc = self._parse(path)
+        if loc is None:
+            raise ValueError("pin needs a repository: REPO@REF/path")
+        with fs_errors(path):
+            commit = self.plane.resolve_commit(loc.repo, self._ref(loc))
+        return scheme + Location(f"{loc.repo}@{commit}", loc.repo, commit, loc.key).name(loc.key)
+
     # -- reads ---------------------------------------------------------------------
     def _file_entry(self, path: str) -> tuple[Location, Entry]:
         """The location and entry (with its chunk list) of the file at ``path``."""
@@ -269,6 +285,30 @@ class FabricFileSystem(AbstractFileSystem):
             loc, _ = self._new_file(path, exclusive=mode == "xb")
             return FabricWriteFile(self, path, loc, mode, block_size=block_size, autocommit=autocommit, **kwargs)
         raise ValueError(f"fabric://{path}: mode {mode!r} is not supported: open for reading (rb) or writing (wb, xb)")
+
+    def hint(self, paths: list[str], append: bool = False) -> dict:
+        """Tell the server the files this file system's job will read, in this order
+        (:meth:`~fabric.plane.reads.Reads.hint`; a spoke fetches ahead of the reads). Paths
+        of several repositories are hinted per repository, each in its own order (of one
+        repository's refs, one after the other); ``append`` adds to orders hinted before. Answers the sums of the servers'
+        answers (``job``, ``paths``, ``bytes``, ``window_bytes``)."""
+        groups: dict[tuple[str, str], list[str]] = {}
+        for path in paths:
+            name, loc = self._parse(path)
+            if loc is None or not loc.key:
+                raise ValueError(f"fabric://{name}: a hint names files, not a repository")
+            with fs_errors(name):
+                groups.setdefault((loc.repo, self._ref(loc)), []).append(loc.key)
+        total = {"job": self.plane.job, "paths": 0, "bytes": 0, "window_bytes": 0}
+        hinted: set[str] = set()
+        for (repo, ref), keys in groups.items():
+            with fs_errors(f"{repo}@{ref}"):
+                answer = self.plane.hint(repo, ref, keys, append=append or repo in hinted)
+            hinted.add(repo)
+            total.update(job=answer["job"], window_bytes=answer["window_bytes"])
+            total["paths"] += answer["paths"]
+            total["bytes"] += answer["bytes"]
+        return total
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         result = self._read_many([(path, start, end)])[0]
@@ -460,7 +500,7 @@ class FabricFileSystem(AbstractFileSystem):
             changes[src.key] = None
         with fs_errors(dst_path):
             if src.repo != dst.repo:
-                self.plane.share_chunks(src.repo, dst.repo, [cid for cid, _ in entry.chunks if cid != HOLE_ID])
+                self.plane.share_chunks(src.repo, dst.repo, stored_ids(entry.chunks))
             self.plane.stage(dst.repo, branch, changes)
         self._written(dst, branch)
 

@@ -10,10 +10,13 @@ stored bytes fail their checksum (they are never returned as data).
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
+from fabric.errors import NotFound
 from fabric.format.listing import Listing
-from fabric.format.model import Entry
+from fabric.format.model import FILE, Entry
+from fabric.format.paths import check_path
+from fabric.plane.jobs import check_hint_size, check_job
 
 
 class Reads(abc.ABC):
@@ -78,6 +81,40 @@ class Reads(abc.ABC):
         """Whether reads of ``ref`` may be behind the hub (a spoke cut off from it)."""
         return False
 
+    @abc.abstractmethod
+    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str, append: bool = False) -> dict:
+        """Tell the plane the order in which ``job`` will read files of ``repo@ref``
+        (duplicates: read again). ``append`` adds to the job's order for ``repo``, else
+        it replaces it (a new epoch). A spoke fetches ahead of the job's reads, within
+        its lookahead window; a hub only checks the hint.
+
+        Answers ``{"job", "paths", "bytes" (total size of the files named),
+        "window_bytes" (the lookahead bound, 0 where nothing is fetched ahead)}``.
+        Raises BadRequest for an invalid job id, over
+        :data:`~fabric.plane.jobs.MAX_HINT_PATHS` paths or an invalid path, NotFound
+        (naming the path) for a path that is not a file at ``ref``; a refused hint
+        changes nothing."""
+
     def read(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """The bytes :meth:`read_stream` streams, in memory; raises as it does."""
         return b"".join(self.read_stream(repo, ref, path, offset, length))
+
+
+def check_hint(repo: str, ref: str, paths: Sequence[str], job: str, lookup: Callable[[str], Entry | None]) -> dict[str, Entry]:
+    """Check a hint whole, as :meth:`Reads.hint` states, before anything is done with it:
+    the entry of each distinct path, looked up once by ``lookup`` (None: nothing there)."""
+    check_job(job)
+    check_hint_size(len(paths))
+    for path in paths:
+        check_path(path)
+    out: dict[str, Entry] = {}
+    for path in paths:
+        if path in out:
+            continue
+        entry = lookup(path)
+        if entry is None:
+            raise NotFound(f"{path!r} not found in {repo}@{ref}")
+        if entry.kind != FILE:
+            raise NotFound(f"{path!r} is a {entry.kind}, not a file: a hint names files")
+        out[path] = entry
+    return out

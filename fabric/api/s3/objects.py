@@ -26,7 +26,7 @@ from fabric.api.s3.transport import GatewayStats, Response
 from fabric.api.s3.versions import deleted_xml, plan_deletes, read_version, version_headers
 from fabric.errors import FabricError, NotFound, RangeNotSatisfiable
 from fabric.format.ingest import file_entry, ingest_stream
-from fabric.format.model import DIR, FILE, HOLE_ID, Entry
+from fabric.format.model import DIR, FILE, Entry, stored_ids
 from fabric.plane.dataplane import DataPlane
 
 #: Objects up to this size are read whole in one worker-thread hop; larger ones stream.
@@ -122,7 +122,7 @@ class ObjectHandlers:
         """Before a copy between repositories: the source's chunks become the target's too
         (the caller may read the source: :meth:`copy_source` checked)."""
         if source_repo != repo and chunks:
-            self.plane.share_chunks(source_repo, repo, [cid for cid, _ in chunks if cid != HOLE_ID])
+            self.plane.share_chunks(source_repo, repo, stored_ids(chunks))
 
     def stage(self, ctx: Ctx, repo: str, branch: str, path: str, key: str, entry: Entry) -> None:
         """Stage ``entry`` at ``path``, after checking the request's write conditions under the key's lock."""

@@ -1,0 +1,283 @@
+"""Learned prefetch: fetch what a job will read, as earlier jobs of its dataset did.
+
+Each file a job opens at the spoke (``SpokePlane.stat_chunks``: mount and fsspec opens;
+``SpokePlane.open_file``: REST and S3 reads) is told to :meth:`LearnedPrefetch.opened`
+with the request's job (``X-Fabric-Job``). Reads without a job id are neither recorded
+nor prefetched for: the spoke cannot tell one anonymous client's stream from another's,
+and mixed streams would teach wrong orders. The call only queues the event (bounded:
+events past :data:`QUEUE_EVENTS` are dropped); one background thread does the rest:
+
+1. **Record** (:mod:`spoke.workload`): per (job, repository, ref) a *session* keeps the
+   files opened this epoch; they and their successor pairs are written to the model of
+   the dataset (after :data:`~spoke.workload.PREFIX_READS` opens fix its prefix, or at once
+   when the first open falls under a known dataset). A file opened again after at least
+   ``min(64, half the files read)`` others starts a new epoch.
+2. **Predict and prefetch**: while the session's job reads inside the dataset's working
+   set, the predicted next files (:meth:`spoke.workload.Dataset.predict`) are fetched at
+   BACKGROUND priority (``kind="learned"``, tagged with the job), in order, until the
+   bytes fetched ahead and not yet opened reach the window (``fabric spoke
+   --prefetch-window``). The chunks ahead are the cache's plan for the job
+   (:meth:`fabric.cache.disk.DiskCache.plan`), so they are not evicted before they are read.
+   A file fetched ahead that the job has not opened within :data:`STALE_OPENS` opens
+   leaves the window (a wrong guess).
+3. **Stop**: once :data:`MIN_OPENS` of the last :data:`RECENT_OPENS` opens are known and
+   fewer than :data:`STOP_RATIO` of them were in the working set, the session stops
+   prefetching for good (its plan is dropped): a job that reads something else wastes at
+   most about one window.
+
+Background prefetch never delays a demand read: demand is first in the fetch queue and
+background batches may use at most ``--prefetch-share`` of the fetch workers
+(:class:`spoke.fetch.FetchScheduler`). Whether it pays (accuracy, coverage, waste per job)
+is counted by :mod:`spoke.prefetch_stats` under the kind ``learned``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fabric.cache.disk import DiskCache
+from fabric.errors import FabricError
+
+from .fetch import BACKGROUND, FetchScheduler
+from .jobs import current_job
+from .workload import MAX_FILES, PREFIX_READS, Dataset, WorkloadStore, common_directory
+
+log = logging.getLogger("fabric.spoke.learned")
+
+#: The share of the fetch workers background (learned) prefetch may keep busy (``fabric spoke --prefetch-share``).
+PREFETCH_SHARE = 0.25
+#: Events waiting for the background thread, at most (more are dropped: learning is best effort).
+QUEUE_EVENTS = 10_000
+#: Sessions kept (least recently active dropped).
+MAX_SESSIONS = 256
+#: The stop rule: over the last RECENT_OPENS opens (at least MIN_OPENS), fewer than STOP_RATIO in the working set.
+RECENT_OPENS, MIN_OPENS, STOP_RATIO = 16, 8, 0.5
+#: Opens after which a file fetched ahead and still unopened counts as a wrong guess.
+STALE_OPENS = 64
+#: Observations written to the model at a time (and whenever the thread is idle).
+FLUSH_OPENS = 256
+IDLE_FLUSH = 0.5
+
+#: ``resolve(repo, ref)`` -> a function from a path to its (size, chunk ids), None when not a file.
+Resolve = Callable[[str, str], Callable[[str], "tuple[int, list[bytes]] | None"]]
+
+
+@dataclass
+class _Session:
+    job: str
+    repo: str
+    ref: str
+    dataset: Dataset | None = None
+    first: list[tuple[str, int]] = field(default_factory=list)  # opens before the prefix is fixed
+    read: dict[str, int] = field(default_factory=dict)  # this epoch's files -> open number
+    opens: int = 0
+    last: str | None = None
+    files: list[tuple[str, int]] = field(default_factory=list)  # not yet written
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_OPENS))
+    ahead: OrderedDict = field(default_factory=OrderedDict)  # path -> (bytes, open number, chunk ids)
+    stopped: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"learned:{self.job}:{self.repo}@{self.ref}"
+
+
+class LearnedPrefetch:
+    def __init__(
+        self,
+        store: WorkloadStore,
+        resolve: Resolve,
+        fetcher: FetchScheduler,
+        cache: DiskCache,
+        window: int,
+        enabled: bool = True,
+    ) -> None:
+        self.store = store
+        self._resolve = resolve
+        self.fetcher = fetcher
+        self.cache = cache
+        self.window = window
+        self.enabled = enabled and window > 0
+        self._events: queue.Queue = queue.Queue(QUEUE_EVENTS)
+        self._sessions: OrderedDict[tuple[str, str, str], _Session] = OrderedDict()
+        self.dropped_events = self.stopped_sessions = self.prefetched_files = self.prefetched_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="learned-prefetch", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.store.close()
+
+    def opened(self, repo: str, ref: str, path: str, size: int) -> None:
+        """A file was opened for reading by the current request's job (nothing without one)."""
+        job = current_job()
+        if job is None:
+            return
+        try:
+            self._events.put_nowait((job, repo, ref, path, size))
+        except queue.Full:
+            self.dropped_events += 1
+
+    def stats(self) -> dict:
+        active = sum(1 for s in self._sessions.values() if s.dataset is not None and not s.stopped)
+        return {
+            **self.store.stats(),
+            "sessions": len(self._sessions),
+            "sessions_prefetching": active,
+            "sessions_stopped": self.stopped_sessions,
+            "prefetched_files": self.prefetched_files,
+            "prefetched_bytes": self.prefetched_bytes,
+            "dropped_events": self.dropped_events,
+            "window_bytes": self.window,
+        }
+
+    # -- the background thread -----------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                event = self._events.get(timeout=IDLE_FLUSH)
+            except queue.Empty:
+                self._flush_all()
+                continue
+            try:
+                self._handle(*event)
+                if self._events.empty():
+                    self._flush_all()
+            except Exception:  # noqa: BLE001 - learning is best effort; the reads it watches go on
+                log.exception("learned prefetch: an open of %s could not be handled", event[3])
+            finally:
+                self._events.task_done()
+        self._flush_all()
+
+    def _session(self, job: str, repo: str, ref: str) -> _Session:
+        key = (job, repo, ref)
+        s = self._sessions.get(key)
+        if s is None:
+            s = self._sessions[key] = _Session(job, repo, ref)
+            while len(self._sessions) > MAX_SESSIONS:
+                self._end(self._sessions.popitem(last=False)[1])
+        self._sessions.move_to_end(key)
+        return s
+
+    def _end(self, s: _Session) -> None:
+        self._flush(s)
+        self.cache.drop_plan(s.name)
+
+    def _handle(self, job: str, repo: str, ref: str, path: str, size: int) -> None:
+        s = self._session(job, repo, ref)
+        if path == s.last:
+            return  # the same file again (a stat, then its bytes; a ranged read)
+        if path in s.read:
+            if s.opens - s.read[path] < min(64, max(1, len(s.read) // 2)):
+                return  # a loader worker's late open of a recent file
+            self._new_epoch(s)  # read again long after
+        elif len(s.read) >= MAX_FILES:
+            self._new_epoch(s)
+        s.opens += 1
+        s.read[path] = s.opens
+        if s.last is not None:
+            s.pairs.append((s.last, path))
+        s.last = path
+        s.files.append((path, size))
+        if s.dataset is None:
+            self._place(s, path, size)
+        if s.dataset is not None:
+            s.recent.append(path in s.dataset)
+            s.ahead.pop(path, None)
+            if len(s.files) >= FLUSH_OPENS:
+                self._flush(s)
+            self._prefetch(s)
+
+    def _new_epoch(self, s: _Session) -> None:
+        """The job reads the dataset again: what it read, and whether prefetch paid, start afresh."""
+        s.read.clear()
+        s.recent.clear()
+        s.stopped = False
+
+    def _place(self, s: _Session, path: str, size: int) -> None:
+        """Find the session's dataset: a known one holding its first file, else one whose
+        prefix its first opens fix."""
+        if not s.first:
+            s.dataset = self.store.find(s.repo, path)
+        if s.dataset is None:
+            s.first.append((path, size))
+            if len(s.first) >= PREFIX_READS:
+                s.dataset = self.store.dataset(s.repo, common_directory([p for p, _ in s.first]), None)
+        if s.dataset is not None:
+            s.first.clear()
+
+    def _prefetch(self, s: _Session) -> None:
+        if not self.enabled or s.stopped:
+            return
+        if len(s.recent) >= MIN_OPENS and sum(s.recent) < STOP_RATIO * len(s.recent):
+            s.stopped = True
+            self.stopped_sessions += 1
+            s.ahead.clear()
+            self.cache.drop_plan(s.name)
+            return
+        if not s.recent or not s.recent[-1] and sum(s.recent) < STOP_RATIO * len(s.recent):
+            return  # not (or no longer) reading inside the working set
+        for path in [p for p, (_, at, _) in s.ahead.items() if s.opens - at >= STALE_OPENS]:
+            del s.ahead[path]
+        used = sum(n for n, _, _ in s.ahead.values())
+        if used >= self.window:
+            return
+        resolve = None
+        fetched = False
+        for path in s.dataset.predict(s.last, _Skip(s.read, s.ahead)):
+            if used >= self.window:
+                break
+            if resolve is None:
+                try:
+                    resolve = self._resolve(s.repo, s.ref)
+                except FabricError:
+                    return
+            try:
+                found = resolve(path)
+            except FabricError:
+                found = None
+            if found is None:
+                continue
+            size, ids = found
+            s.ahead[path] = (size, s.opens, ids)
+            used += size
+            self.fetcher.prefetch(ids, BACKGROUND, job=s.job, kind="learned")
+            self.prefetched_files += 1
+            self.prefetched_bytes += size
+            fetched = True
+        if fetched:
+            self.cache.plan([cid for _, _, ids in s.ahead.values() for cid in ids], s.name)
+
+    def _flush_all(self) -> None:
+        for s in list(self._sessions.values()):
+            self._flush(s)
+
+    def _flush(self, s: _Session) -> None:
+        if s.dataset is None and len(s.first) >= 2:  # a short job: its opens so far fix the prefix
+            s.dataset = self.store.dataset(s.repo, common_directory([p for p, _ in s.first]), None)
+            s.first.clear()
+        if s.dataset is None or not (s.files or s.pairs):
+            return
+        files, pairs, s.files, s.pairs = s.files, s.pairs, [], []
+        try:
+            self.store.record(s.dataset, files, pairs)
+        except Exception:  # noqa: BLE001 - a full disk must not stop the reads
+            log.exception("learned prefetch: the model of %s could not be written", s.repo)
+
+
+class _Skip:
+    """Paths prediction passes over: read this epoch, or already fetched ahead."""
+
+    def __init__(self, read: dict, ahead: dict) -> None:
+        self.read, self.ahead = read, ahead
+
+    def __contains__(self, path: object) -> bool:
+        return path in self.read or path in self.ahead

@@ -1,0 +1,134 @@
+"""Whether prefetching pays: per job and per kind (hint, learned, readahead).
+
+Each chunk a worker fetched for a prefetch (not for a waiting reader) is *outstanding*
+until a demand read takes it (``used``; ``covered`` when that read found it in the
+cache rather than waiting for it) or it is found gone from the cache unread
+(``wasted``: evicted). The cache is not asked to report evictions: outstanding chunks
+are checked against it lazily (:meth:`PrefetchStats.sweep`, run on each stats
+snapshot and whenever the outstanding set reaches its bound). A job forgotten by the
+:class:`~spoke.jobs.JobTable` counts its outstanding chunks as wasted.
+
+accuracy = used / prefetched; coverage = covered / demand bytes; both per job and kind.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+from .jobs import KINDS, JobRecord, JobTable, PrefetchCounters
+
+#: Outstanding chunks remembered at most; past it, the oldest ones that are still unread
+#: count as wasted (they have sat in the cache unread for a long time).
+MAX_OUTSTANDING = 65_536
+#: The job key of prefetches no job asked for (in the totals only).
+NO_JOB = ""
+
+
+class PrefetchStats:
+    def __init__(self, jobs: JobTable, contains: Callable[[bytes], bool], max_outstanding: int = MAX_OUTSTANDING) -> None:
+        self.jobs = jobs
+        self._contains = contains
+        self.max_outstanding = max_outstanding
+        self._lock = threading.Lock()
+        #: chunk id -> (job, kind, raw bytes), oldest first.
+        self._outstanding: OrderedDict[bytes, tuple[str, str, int]] = OrderedDict()
+        self.totals = {k: PrefetchCounters() for k in KINDS}
+        #: The most bytes ever outstanding at once, per (job, kind): what a lookahead held ahead.
+        self._ahead: dict[tuple[str, str], int] = {}
+        self.ahead_max: dict[tuple[str, str], int] = {}
+
+    def fetched(self, cid: bytes, nbytes: int, job: str | None, kind: str) -> None:
+        """A worker fetched ``cid`` because ``job`` asked for it ahead of need."""
+        job = job or NO_JOB
+        with self._lock:
+            if cid in self._outstanding:
+                return
+            self._outstanding[cid] = (job, kind, nbytes)
+            self.totals[kind].prefetched += nbytes
+            key = (job, kind)
+            self._ahead[key] = self._ahead.get(key, 0) + nbytes
+            self.ahead_max[key] = max(self.ahead_max.get(key, 0), self._ahead[key])
+            full = len(self._outstanding) > self.max_outstanding
+        self._to_job(job, kind, "prefetched", nbytes)
+        if full:
+            self.sweep(force=True)
+
+    def demanded(self, cid: bytes, nbytes: int, job: str | None, hit: bool) -> None:
+        """A demand read took ``cid`` (``hit``: from the cache, without waiting on the hub)."""
+        with self._lock:
+            tag = self._outstanding.pop(cid, None)
+            if tag is None:
+                return
+            pjob, kind, size = tag
+            self._ahead[(pjob, kind)] -= size
+            self.totals[kind].used += nbytes
+            if hit:
+                self.totals[kind].covered += nbytes
+        self._to_job(pjob, kind, "used", nbytes)
+        if hit and job:
+            self._to_job(job, kind, "covered", nbytes)
+
+    def sweep(self, force: bool = False) -> None:
+        """Count outstanding chunks no longer cached as wasted; ``force`` (the set is over its
+        bound) also gives up on the oldest quarter, cached or not."""
+        with self._lock:
+            items = list(self._outstanding.items())
+        gone = [cid for cid, _ in items if not self._contains(cid)]
+        if force:
+            gone += [cid for cid, _ in items[: max(1, len(items) // 4)]]
+        self._waste(gone)
+
+    def waste_job(self, job: str, kind: str | None = None) -> None:
+        """``job`` will not read what it prefetched (of ``kind``; None: of every kind): wasted."""
+        with self._lock:
+            gone = [cid for cid, (j, k, _) in self._outstanding.items() if j == job and kind in (None, k)]
+        self._waste(gone)
+
+    def forget_job(self, job: str) -> None:
+        """``job``'s state is dropped: its unread prefetches are wasted."""
+        self.waste_job(job)
+        with self._lock:
+            for key in [k for k in self._ahead if k[0] == job]:
+                del self._ahead[key]
+                self.ahead_max.pop(key, None)
+
+    def _waste(self, ids: list[bytes]) -> None:
+        wasted: list[tuple[str, str, int]] = []
+        with self._lock:
+            for cid in dict.fromkeys(ids):
+                tag = self._outstanding.pop(cid, None)
+                if tag is not None:
+                    job, kind, size = tag
+                    self._ahead[(job, kind)] -= size
+                    self.totals[kind].wasted += size
+                    wasted.append(tag)
+        for job, kind, size in wasted:
+            self._to_job(job, kind, "wasted", size)
+
+    def _to_job(self, job: str, kind: str, what: str, nbytes: int) -> None:
+        if not job or (what == "wasted" and job not in self.jobs):
+            return
+
+        def add(r: JobRecord) -> None:
+            counters = r.prefetch[kind]
+            setattr(counters, what, getattr(counters, what) + nbytes)
+
+        self.jobs.update(job, add)
+
+    def outstanding_bytes(self, job: str | None, kind: str) -> int:
+        """Bytes ``job`` prefetched of ``kind`` and has not read yet (and are not known evicted)."""
+        with self._lock:
+            return self._ahead.get((job or NO_JOB, kind), 0)
+
+    def snapshot(self) -> dict:
+        """Totals by kind, and each job's most bytes held ahead (by kind)."""
+        self.sweep()
+        with self._lock:
+            totals = {kind: c.snapshot() for kind, c in self.totals.items()}
+            ahead = {}
+            for (job, kind), n in self.ahead_max.items():
+                if job:
+                    ahead.setdefault(job, {})[kind] = n
+            return {"totals": totals, "ahead_max_bytes": ahead, "outstanding_chunks": len(self._outstanding)}
