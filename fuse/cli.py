@@ -41,7 +41,12 @@ MOUNT_HELP = """Mount REPO@REF from the hub or spoke at SERVER_URL on MOUNTPOINT
 \b
   fabric mount http://spoke:8700 datasets@v1 /mnt/imagenet          # a tag: immutable
   fabric mount http://spoke:8700 ckpt@run-42 /mnt/ckpt --rw          # a writable branch
+  fabric mount http://spoke-a:8700,http://spoke-b:8700,http://hub:8600 datasets@v1 /mnt/d
   fabric umount /mnt/ckpt
+
+SERVER_URL may be a comma-separated list, nearest first (the spokes of the
+region, then the hub): the mount uses the nearest healthy one and moves to
+the next when it fails, in the middle of a read too, without an error.
 
 A commit or tag is immutable: the kernel keeps its page and attribute
 caches, so a second epoch is served from memory. A branch follows its head
@@ -58,9 +63,9 @@ it on disk, even while the hub is away, and the spoke pushes it to the hub
 in the background; with `hub` once the hub has stored it. Mounting a hub,
 both mean the hub.
 
-The mount outlives its server: while the server restarts, requests wait
-and resume; after --server-timeout seconds without it they fail with EIO,
-and work again once it is back.
+The mount outlives its server: while the server restarts (or every server
+of a list is away), requests wait and resume; after --server-timeout
+seconds without it they fail with EIO, and work again once it is back.
 
 \b
 Errors for what the mount does not do:

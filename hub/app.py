@@ -10,6 +10,7 @@ from fabric.auth.principal import Principal
 from fabric.auth.tokens import TokenStore
 from fabric.engine.engine import Engine
 
+from .groups import groups_router
 from .owners import OwningPlane, acting_for
 from .tokens import tokens_router
 from .watch import watch_router
@@ -38,4 +39,5 @@ def create_app(engine: Engine, tokens: TokenStore, auth: bool = True) -> FastAPI
     )
     app.include_router(tokens_router(tokens, bearer))
     app.include_router(watch_router(engine.catalog, bearer))
+    app.include_router(groups_router(engine.catalog, bearer))
     return app

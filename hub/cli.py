@@ -69,6 +69,10 @@ def hub(
 
     On first start a global admin token is written to DIR/admin.token (mode
     0600); it is never printed or logged. Create more with `fabric token create`.
+
+    Several hub processes, each with its own DIR and --listen, on one --db
+    postgresql://… and one --store s3://…, are one hub: any of them answers any
+    request (uploads, tokens and watch streams included).
     """
     import uvicorn
 

@@ -7,6 +7,7 @@ import os
 from fabric.api.s3 import S3Gateway
 from fabric.api.s3.auth import SecretCredentials
 from fabric.auth.tokens import TokenStore
+from fabric.catalog.uploads import UploadStore
 from fabric.engine.engine import Engine
 
 from .owners import OwningPlane
@@ -16,12 +17,14 @@ def create_s3_app(
     engine: Engine, tokens: TokenStore, data_dir: str, auth: bool = True, autocommit: float | None = None,
     access_log: bool = True,
 ) -> S3Gateway:
-    """The hub's S3 gateway; multipart state goes to ``DATA/s3/``. Buckets created over S3
-    belong to the token that created them."""
+    """The hub's S3 gateway; multipart uploads are kept in the catalog (any hub process on it
+    serves them), bucket locations in ``DATA/s3/``. Buckets created over S3 belong to the
+    token that created them."""
     return S3Gateway(
         OwningPlane(engine, tokens),
         SecretCredentials(tokens.s3_principal) if auth else None,
         state_dir=os.path.join(data_dir, "s3"),
         autocommit=autocommit,
         access_log_enabled=access_log,
+        uploads=UploadStore(engine.catalog.db),
     )

@@ -18,6 +18,7 @@ import httpx
 
 from fabric.auth.principal import Principal
 from fabric.client.http import raise_for_error
+from fabric.client.servers import ServerSet
 from fabric.errors import Unauthorized, Unavailable
 
 from .state import SpokeState
@@ -39,9 +40,8 @@ class SpokeAuth:
         self.traffic = traffic
         self.state = state
         self.ttl = ttl
-        self._http = httpx.Client(
-            base_url=hub_url.rstrip("/") + "/api/v1", timeout=timeout, transport=transport or CountingTransport(traffic)
-        )
+        self._hubs = ServerSet(hub_url)  # one hub, or several sharing one catalog: the next when one fails
+        self._http = httpx.Client(timeout=timeout, transport=transport or CountingTransport(traffic))
         self._lock = threading.Lock()
         # Verdicts from before a restart are expired: used only while the hub is away.
         self._seen: dict[str, tuple[float, Principal | None]] = {
@@ -57,7 +57,8 @@ class SpokeAuth:
             return _verdict(hit[1])
         try:
             with self.traffic.purpose(METADATA):
-                response = self._http.get("/auth/whoami", headers={"Authorization": f"Bearer {token}"})
+                headers = {"Authorization": f"Bearer {token}"}
+                _, response = self._hubs.send(lambda hub: self._http.get(hub + "/api/v1/auth/whoami", headers=headers), True)
         except httpx.TransportError:
             if hit is not None:
                 return _verdict(hit[1])

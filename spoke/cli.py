@@ -28,13 +28,13 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
 
 
 @click.command("spoke")
-@click.option("--hub", "hub_url", required=True, metavar="URL", help="The hub this spoke caches, e.g. http://hub:8600.")
+@click.option("--hub", "hub_url", required=True, metavar="URL[,URL...]", help="The hub this spoke caches, e.g. http://hub:8600. Several URLs, comma-separated, for hub processes that share one catalog and store: the nearest healthy one is used, the next when it fails.")
 @click.option("--cache", "cache_dir", required=True, metavar="DIR", help="Cache directory (survives restarts).")
 @click.option("--cache-size", required=True, metavar="SIZE", help="Cache budget, never exceeded: e.g. 50G, 512MiB.")
 @click.option("--listen", default="127.0.0.1:8700", show_default=True, metavar="HOST:PORT", help="REST API address.")
 @click.option("--s3-listen", metavar="HOST:PORT", help="Also serve the S3 API on this address. The spoke verifies S3 signatures with signing keys from the hub: its --token needs the spoke right (`fabric token create --spoke`); S3 users are served only within that token's roles.")
 @click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="The spoke's own token at the hub: create it with `fabric token create --spoke --repo '*' --role write` (read is enough for a read-only spoke; a global admin token works too, but a spoke then holds the keys to the whole hub). Env: FABRIC_TOKEN.")
-@click.option("--lease", type=float, default=10.0, show_default=True, metavar="SECONDS", help="How stale a branch head may be when the hub's watch stream is down.")
+@click.option("--lease", type=float, default=10.0, show_default=True, metavar="SECONDS", help="How stale a branch head may be when the hub's watch stream is down (while it is up, heads are still checked every 6 leases).")
 @click.option("--durability", type=click.Choice(["hub", "local"]), default="hub", show_default=True, help="Default for writes: hub = stored at the hub before success; local = queued on this spoke's disk, pushed when the hub is reachable.")
 @click.option(
     "--hub-timeout",
@@ -70,6 +70,35 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
     help="The most bytes learned prefetch fetches ahead of a job that it has not read yet; at most half the chunk "
     "cache. Default: the same as --hint-window.",
 )
+@click.option(
+    "--group",
+    metavar="NAME",
+    help="Join this spoke group (the spokes of one region): the group is registered at the hub, which lists its live "
+    "members (a heartbeat every 2 s; a member silent for 6 s leaves). Each chunk has an owner in the group "
+    "(rendezvous hashing); a chunk this spoke lacks is asked of its owner over the LAN before the hub, so it crosses "
+    "the WAN once per region. A dead or slow owner costs a fallback to the next one or the hub, never an error. "
+    "Needs --advertise and a --token with the spoke right (`fabric token create --spoke --repo '*' --role read`).",
+)
+@click.option(
+    "--peers",
+    metavar="URL,URL",
+    help="A fixed group instead of --group: the other spokes' URLs, comma-separated (this spoke's own may be in the "
+    "list), with no registration at the hub. Every member must be given the same URLs.",
+)
+@click.option(
+    "--advertise",
+    metavar="URL",
+    help="With --group or --peers: the URL the other spokes of the group reach this spoke at, e.g. http://10.0.0.5:8700.",
+)
+@click.option(
+    "--peer-timeout",
+    type=click.FloatRange(0.1, 60),
+    default=2.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long a request to another spoke of the group may wait (connecting, or between two pieces of its answer) "
+    "before that spoke is left out for 10 s and its chunks are fetched from the next owner or the hub.",
+)
 @click.option("--no-auth", is_flag=True, help="Accept unauthenticated requests as admin (only for local demos).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve HTTPS (REST and S3) with this certificate (PEM).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Private key for --tls-cert (PEM).")
@@ -88,6 +117,10 @@ def spoke(
     hint_window: str | None,
     prefetch_share: float,
     prefetch_window: str | None,
+    group: str | None,
+    peers: str | None,
+    advertise: str | None,
+    peer_timeout: float,
     no_auth: bool,
     tls_cert: str | None,
     tls_key: str | None,
@@ -114,6 +147,13 @@ def spoke(
 
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
+    if group is not None and peers is not None:
+        raise click.UsageError("--group (registered at the hub) and --peers (a fixed list) do not go together")
+    if (group is not None or peers is not None) != (advertise is not None):
+        raise click.UsageError("--advertise goes with --group or --peers: the URL the group's other spokes reach this one at")
+    peer_urls = [p.strip() for p in (peers or "").split(",") if p.strip()]
+    if peers is not None and not peer_urls:
+        raise click.UsageError("--peers needs at least one URL")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     host, port = parse_listen(listen)
@@ -130,6 +170,10 @@ def spoke(
         hint_window=parse_size(hint_window) if hint_window is not None else None,
         prefetch_share=prefetch_share,
         prefetch_window=parse_size(prefetch_window) if prefetch_window is not None else None,
+        group=group,
+        peers=peer_urls,
+        advertise=advertise,
+        peer_timeouts=Timeouts(connect=min(1.0, peer_timeout), read=peer_timeout, write=peer_timeout, pool=peer_timeout, slow=peer_timeout),
     )
     auth = keys = None
     if not no_auth:
@@ -139,6 +183,9 @@ def spoke(
     # What the frontends serve: a caller that creates a repository is checked with the hub again.
     served = CreatorAware(plane, [x.forget for x in (auth, keys) if x is not None])
     log.info("spoke of %s: cache %s (%s), durability %s", hub_url, cache_dir, cache_size, durability)
+    if plane.membership is not None:
+        seen = plane.membership.describe()
+        log.info("group %s as %s: %d member(s) now", seen["group"] or "(fixed --peers)", seen["me"], len(seen["members"]))
     app = create_app(plane, auth, served)
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, ssl_certfile=tls_cert, ssl_keyfile=tls_key, timeout_keep_alive=30

@@ -6,6 +6,9 @@ sees every commit that completed before (close-to-open, bounded by the
 stream's delivery delay). When the stream is down, a value fetched less than
 ``lease`` seconds ago is still used; after that the spoke asks the hub, and
 if the hub cannot be reached it serves the last value it knew, marked stale.
+Even while the stream is live, a value is checked with the hub once it is
+:data:`LIVE_LEASE_FACTOR` leases old: a stream that lost an event (a bug, a hub
+restored from a backup) leaves a branch stale for that long at most, never for good.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ log = logging.getLogger("fabric.spoke")
 
 #: The stream counts as live while something (event or heartbeat) arrived this recently.
 STREAM_SILENCE_LIMIT = 12.0
+#: While the stream is live, a ref is trusted for this many leases (60 s by default), then checked.
+LIVE_LEASE_FACTOR = 6
 
 
 @dataclass
@@ -154,7 +159,8 @@ class RefTracker:
             listed = self._listed.get(repo)
             authoritative = live and listed is not None and listed >= (self._connected_since or now)
             followed = live and hit is not None and self._origin is not None and hit.fetched >= self._origin
-        if hit is not None and (followed or now - hit.fetched < self.lease):
+        age = now - hit.fetched if hit is not None else 0.0
+        if hit is not None and (age < self.lease or (followed and age < self.lease * LIVE_LEASE_FACTOR)):
             return hit.commit, False
         if hit is None and authoritative:
             return None, False

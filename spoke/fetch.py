@@ -192,6 +192,31 @@ class FetchScheduler:
                 self.jobs.demand(job, total, hit, wait)
             fetched.clear()
 
+    def fetch_here(self, ids: Sequence[bytes], fetch: FetchFrames) -> None:
+        """Fetch the ids the cache lacks with ``fetch``, in the calling thread rather than a
+        worker's, so it never waits for a free worker (a spoke serving its group's peers
+        while its workers wait on those peers). Still one fetch per id: an id queued here
+        is taken over, one in flight is waited for. Raises the fetch's error."""
+        mine: list[tuple[bytes, int]] = []
+        waits: list[Future] = []
+        with self._cond:
+            for cid in dict.fromkeys(ids):
+                if cid in self.cache:
+                    continue
+                fut = self._pending.get(cid)
+                if fut is not None and self._priority.get(cid) == IN_FLIGHT:
+                    waits.append(fut)
+                    continue
+                if fut is None:
+                    fut = self._pending[cid] = Future()
+                self._priority[cid] = IN_FLIGHT  # a queued entry for it is now stale
+                mine.append((cid, DEMAND_PRIORITY))
+                waits.append(fut)
+        if mine:
+            self._fetch_batch(mine, fetch)
+        for fut in waits:
+            fut.result()
+
     def _fetch_missing(self, ids: Sequence[bytes]) -> dict[bytes, Future]:
         """Queue (as demand) the ids the cache lacks; their futures by id."""
         return {cid: self._request(cid, DEMAND_PRIORITY) for cid in dict.fromkeys(ids) if cid not in self.cache}
@@ -258,14 +283,14 @@ class FetchScheduler:
                         self._background_busy -= 1
                         self._cond.notify_all()
 
-    def _fetch_batch(self, batch: list[tuple[bytes, int]]) -> None:
+    def _fetch_batch(self, batch: list[tuple[bytes, int]], fetch: FetchFrames | None = None) -> None:
         purpose = DEMAND if min(p for _, p in batch) == DEMAND_PRIORITY else PREFETCH
         ids = [cid for cid, _ in batch]
         prefetched = {cid: p != DEMAND_PRIORITY for cid, p in batch}
         got: set[bytes] = set()
         try:
             with self.traffic.purpose(purpose):
-                for cid, frame in self._fetch(ids):
+                for cid, frame in (fetch or self._fetch)(ids):
                     raw = frames.decode(frame, cid)  # checksum and id, before caching
                     self.cache.put(cid, frame)
                     got.add(cid)

@@ -20,6 +20,7 @@ from typing import BinaryIO
 import httpx
 from prometheus_client import CollectorRegistry
 
+from fabric.api.peers import peer_request
 from fabric.cache.disk import DiskCache
 from fabric.client.breaker import BreakerTransport, CircuitBreaker
 from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane, Timeouts
@@ -38,12 +39,14 @@ from fabric.plane.reads import check_hint
 from fabric.util.progress import Progress
 
 from .coherence import RefTracker, StagingCache
-from .fetch import READAHEAD, FetchScheduler
+from .fetch import READAHEAD, SERVE_WINDOW, FetchScheduler
 from .hints import Lookahead, default_window
 from .jobs import current_job
 from .learned import PREFETCH_SHARE, LearnedPrefetch
+from .membership import HubMembership, StaticMembership
 from .metacache import SpokeMetaStore
 from .ownership import ChunkOwnership
+from .peers import PEER_TIMEOUTS, GroupFetch
 from .remember import Remembered
 from .state import SpokeState
 from .traffic import PUSH, CountingTransport, Traffic
@@ -111,8 +114,15 @@ class SpokePlane(DataPlane):
         hint_window: int | None = None,
         prefetch_share: float = PREFETCH_SHARE,
         prefetch_window: int | None = None,
+        group: str | None = None,
+        peers: Sequence[str] = (),
+        advertise: str | None = None,
+        peer_timeouts: Timeouts = PEER_TIMEOUTS,
     ) -> None:
-        """``hint_window``: the most bytes fetched ahead of a hinting job's read position
+        """``group``: join this spoke group at the hub; ``peers``: a fixed group of these
+        spokes instead; either needs ``advertise``, the URL the other members reach this
+        spoke at. Chunks are then fetched from their owner in the group (:mod:`spoke.peers`).
+        ``hint_window``: the most bytes fetched ahead of a hinting job's read position
         (default :func:`spoke.hints.default_window` of the chunk cache's budget).
         ``prefetch_share``: the share of the fetch workers learned (background) prefetch may
         keep busy (at least one; 0 turns learned prefetch off); ``prefetch_window``: the most
@@ -121,7 +131,13 @@ class SpokePlane(DataPlane):
             raise BadRequest(f"the prefetch share is a fraction of the fetch workers, 0 to 1, not {prefetch_share}")
         if durability not in (HUB, LOCAL):
             raise BadRequest(f"unknown durability {durability!r}: use 'hub' or 'local'")
+        if group is not None and peers:
+            raise BadRequest("a spoke is in a group registered at the hub (group) or in a fixed list (peers), not both")
+        if (group is not None or bool(peers)) != (advertise is not None):
+            raise BadRequest("a spoke in a group needs the URL its peers reach it at (advertise), and only then")
         self.traffic = Traffic()
+        #: Bytes to and from the other spokes of the group (the LAN), apart from the hub's.
+        self.peer_traffic = Traffic("peer")
         #: Calls to the hub by operation and outcome, with their latency (for the spoke's /metrics).
         self.upstream_metrics = CollectorRegistry()
         #: Shared by every call to the hub: once one times out, the others fail fast (``Unavailable``)
@@ -139,8 +155,17 @@ class SpokePlane(DataPlane):
         self.meta_cache = DiskCache(os.path.join(cache_dir, "meta"), meta_budget)
         self.meta = SpokeMetaStore(self.meta_cache, self.upstream.get_objects, self.traffic)
         self.trees = Trees(self.meta)
+        self.membership: HubMembership | StaticMembership | None = None
+        if group is not None and advertise is not None:
+            beats = BreakerTransport(self.breaker, CountingTransport(self.traffic, httpx.HTTPTransport()))
+            self.membership = HubMembership(advertise, group, hub_url, token, self.traffic, beats, hub_timeouts.connect)
+        elif advertise is not None:
+            self.membership = StaticMembership(advertise, list(peers))
+        self.group = None
+        if self.membership is not None:
+            self.group = GroupFetch(self.membership, self.upstream.frames, token, self.peer_traffic, peer_timeouts)
         self.fetcher = FetchScheduler(
-            self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers, background_workers=int(prefetch_share * fetch_workers)
+            self.group or self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers, background_workers=int(prefetch_share * fetch_workers)
         )
         self.reader = Reader(self.meta, self.trees, self.fetcher.read)
         window = default_window(self.chunk_cache.budget) if hint_window is None else hint_window
@@ -164,6 +189,10 @@ class SpokePlane(DataPlane):
         self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self.staging.add_own)
 
     def close(self) -> None:
+        if self.membership is not None:
+            self.membership.close()
+        if self.group is not None:
+            self.group.close()
         self.tracker.stop()
         self.writeback.stop()
         self.lookahead.stop()
@@ -562,7 +591,19 @@ class SpokePlane(DataPlane):
     def frames(self, ids: Sequence[bytes], repo: str | None = None) -> Iterator[tuple[bytes, bytes]]:
         if repo is not None:
             self.ownership.require(repo, ids)
-        return self.fetcher.frames_for(list(ids), current_job())
+        ids = list(ids)
+        if self.group is not None and peer_request():
+            self.group.asked_by_peer(len(ids))
+            return self._peer_frames(ids)
+        return self.fetcher.frames_for(ids, current_job())
+
+    def _peer_frames(self, ids: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        """Frames for a peer of the group: what this spoke lacks comes from its hub (never a
+        third spoke), fetched in this thread a window at a time (:mod:`spoke.peers`)."""
+        for i in range(0, len(ids), SERVE_WINDOW):
+            window = ids[i : i + SERVE_WINDOW]
+            self.fetcher.fetch_here(window, self.upstream.frames)
+            yield from self.fetcher.frames_for(window)
 
     def share_chunks(self, source_repo: str, repo: str, ids: Sequence[bytes]) -> None:
         self.upstream.share_chunks(source_repo, repo, ids)
@@ -615,6 +656,8 @@ class SpokePlane(DataPlane):
         return {
             "role": "spoke",
             **self.traffic.snapshot(),
+            **self.peer_traffic.snapshot(),
+            "group": None if self.group is None else {**self.membership.describe(), **self.group.stats()},
             "cache_bytes": chunk["cache_bytes"] + meta["cache_bytes"],
             "cache_budget_bytes": chunk["cache_budget_bytes"] + meta["cache_budget_bytes"],
             "cache_chunk_bytes": chunk["cache_bytes"],

@@ -2,7 +2,9 @@
 
 Bytes are counted at the HTTP transport (request line, headers and body one
 way; status line, headers and body the other), by direction and by the
-purpose the calling code declared with :meth:`Traffic.purpose`.
+purpose the calling code declared with :meth:`Traffic.purpose`. Bytes between
+spokes of one group (the LAN) go into a second :class:`Traffic` named ``peer``,
+never into the hub's (the WAN).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ _purpose: contextvars.ContextVar[str] = contextvars.ContextVar("fabric_upstream_
 
 
 class Traffic:
-    def __init__(self) -> None:
+    def __init__(self, name: str = "upstream") -> None:
+        """``name`` prefixes the keys of :meth:`snapshot`: ``upstream`` (the hub), ``peer``."""
+        self.name = name
         self._lock = threading.Lock()
         self.bytes: dict[tuple[str, str], int] = {}
         self.requests = 0
@@ -47,10 +51,10 @@ class Traffic:
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            out = {f"upstream_bytes_{'received' if d == 'in' else 'sent'}_{p}": n for (d, p), n in self.bytes.items()}
-        out["upstream_bytes_received"] = self.total("in")
-        out["upstream_bytes_sent"] = self.total("out")
-        out["upstream_requests"] = self.requests
+            out = {f"{self.name}_bytes_{'received' if d == 'in' else 'sent'}_{p}": n for (d, p), n in self.bytes.items()}
+        out[f"{self.name}_bytes_received"] = self.total("in")
+        out[f"{self.name}_bytes_sent"] = self.total("out")
+        out[f"{self.name}_requests"] = self.requests
         return out
 
 

@@ -156,10 +156,12 @@ def start_spoke(
     no_auth: bool = False,
     args: Sequence[str] = (),
     env: dict | None = None,
+    port: int | None = None,
 ) -> Iterator[Spoke]:
+    """``port``: listen there (e.g. one a test put in another spoke's arguments); default: a free one."""
     cache = str(cache)
     os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     log_path = os.path.abspath(cache).rstrip("/") + f".spoke.{port}.log"
     extra = list(args)
     if lease is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import sqlite3
 import time
 from collections.abc import Iterator
 
@@ -263,3 +265,27 @@ def test_a_staging_snapshot_moves_a_ref_the_stream_has_not_moved_yet(hub: Hub, t
         tracker._apply(event)
         assert tracker.ref(repo, "branch", "main") == (first, False), event
     assert SpokeState(str(tmp_path)).refs() == [(repo, "branch", "main", first)]  # what a restart starts from
+
+
+def test_a_live_stream_does_not_vouch_for_a_head_forever(hub: Hub, tmp_path) -> None:
+    """A branch moved at the hub without an event on the stream (a hub restored from a
+    backup, a lost event) is seen by the spoke within its live lease (6 leases), although
+    the stream stays live throughout."""
+    plane = hub.plane()
+    repo = unique_name("livelease")
+    plane.create_repo(repo)
+    plane.put_object(repo, "main", "seed", io.BytesIO(b"one"))
+    first = plane.commit(repo, "main", "one").id
+    plane.create_branch(repo, "other", "main")
+    plane.put_object(repo, "other", "seed", io.BytesIO(b"two"))
+    second = plane.commit(repo, "other", "two").id
+    with start_spoke(hub.url, tmp_path / "cache", "64MiB", token=hub.token, lease=0.5) as spoke:
+        wait_for(lambda: spoke.healthz()["hub_stream_live"], timeout=20)
+        assert head_at(spoke, repo) == (first, "false")
+        with sqlite3.connect(os.path.join(hub.data, "catalog.db"), timeout=30) as db:  # no event
+            db.execute("UPDATE refs SET commit_id = ? WHERE repo = ? AND kind = 'branch' AND name = 'main'", (second, repo))
+        assert head_at(spoke, repo) == (first, "false")  # the stream still vouches for it
+        t0 = time.monotonic()
+        wait_for(lambda: head_at(spoke, repo)[0] == second, timeout=10)
+        print(f"\nhead corrected after {time.monotonic() - t0:.1f} s (live lease 3 s)")
+        assert spoke.healthz()["hub_stream_live"]

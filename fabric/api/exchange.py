@@ -10,10 +10,11 @@ from typing import Annotated
 
 import anyio
 import msgpack
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from fabric.api.peers import peer_scope
 from fabric.api.routing import Authenticator, Durability, PlaneGetter, buffered_body, caller, read_model
 from fabric.auth.principal import Principal
 from fabric.errors import BadRequest, Corruption, Forbidden, PayloadTooLarge
@@ -144,18 +145,25 @@ def add_exchange_routes(router: APIRouter, plane: PlaneGetter, authenticate: Aut
         responses={200: {"content": {"application/octet-stream": {}}}},
         openapi_extra=CHUNK_IDS_BODY,
     )
-    def frames(body: ChunkIdsBody, who: Caller, repo: RepoScope = None) -> StreamingResponse:
+    def frames(
+        body: ChunkIdsBody,
+        who: Caller,
+        repo: RepoScope = None,
+        x_fabric_peer: Annotated[str | None, Header(description="1: asked by a spoke of the same group (needs the spoke right)")] = None,
+    ) -> StreamingResponse:
         """Stream ``id(32) length(u32 LE) frame`` records for the given chunk ids.
 
         A token for some repositories names one (``repo``) and gets only chunks of it: an
-        id it learnt elsewhere is no capability (404, as for an id stored nowhere)."""
+        id it learnt elsewhere is no capability (404, as for an id stored nowhere).
+        ``X-Fabric-Peer: 1``: a spoke of a group asks its owner (:mod:`fabric.api.peers`)."""
         # A token that may read every repository needs no check (a spoke's, an admin's).
         scope = None if who.can("*", "read") else chunk_scope(who, repo, "read")
         ids = hex_ids(body.ids)
-        stream = iter(plane().frames(ids, repo=scope))
-        # Planes may locate chunks lazily: pull the first record now, so an unknown id
-        # is a 404 before the 200 is sent, not a connection dropped mid-stream.
-        first = next(stream, None)
+        with peer_scope(who, x_fabric_peer):
+            stream = iter(plane().frames(ids, repo=scope))
+            # Planes may locate chunks lazily: pull the first record now, so an unknown id
+            # is a 404 before the 200 is sent, not a connection dropped mid-stream.
+            first = next(stream, None)
 
         def records() -> Iterator[bytes]:
             if first is None:

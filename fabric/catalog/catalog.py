@@ -8,13 +8,16 @@ Ref events (the watch stream's history) are pruned as they are written: the
 last :data:`EVENT_KEEP` are always kept, older ones while they are younger
 than :data:`EVENT_RETENTION` seconds, and never more than :data:`EVENT_MAX`.
 The highest pruned seq is recorded (:meth:`Catalog.events_pruned_through`), so
-a subscriber resuming from before it can be told to resync.
+a subscriber resuming from before it can be told to resync. Event seqs are
+assigned under a lock held to commit (:meth:`Catalog._event`): they commit in
+order and without gaps, so ``seq > last`` misses nothing on PostgreSQL either,
+however many hub processes write.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from fabric.catalog.db import Database, batched, placeholders
@@ -35,6 +38,8 @@ EVENT_MAX = 1_000_000
 #: Events are pruned once every this many events.
 PRUNE_EVERY = 256
 _PRUNED_THROUGH = "ref_events_pruned_through"
+#: The PostgreSQL advisory lock that orders ref events (any constant unique to this use).
+EVENT_LOCK = 0x6661627269630001
 #: Staging rows read per query while iterating a staging area.
 STAGED_BATCH = 1000
 
@@ -214,8 +219,20 @@ class Catalog:
         return [r[0] for r in rows]
 
     # -- staging -------------------------------------------------------------
-    def stage(self, repo: str, branch: str, changes: Sequence[tuple[str, bytes | None]]) -> int:
-        """Write entries (``None`` = tombstone) to a branch's staging area; returns their seq."""
+    def stage(
+        self,
+        repo: str,
+        branch: str,
+        changes: Sequence[tuple[str, bytes | None]],
+        check: Callable[[], None] | None = None,
+    ) -> int:
+        """Write entries (``None`` = tombstone) to a branch's staging area; returns their seq.
+
+        ``check``, when given, runs inside the transaction once the branch's ref row is
+        locked (every stage and commit of the branch, in any hub process, waits for it);
+        its catalog reads from this thread see the transaction. It raises to write nothing:
+        a condition on what the branch holds (S3's If-None-Match, If-Match) is checked and
+        the write made atomically."""
         with self.db.tx() as cur:
             cur.execute(
                 "UPDATE refs SET staging_seq = staging_seq + 1 WHERE repo = ? AND kind = ? AND name = ? RETURNING staging_seq",
@@ -225,6 +242,8 @@ class Catalog:
             if row is None:
                 raise NotFound(f"branch {branch!r} does not exist in repository {repo!r}")
             seq = row[0]
+            if check is not None:
+                check()
             cur.executemany(
                 "INSERT INTO staging (repo, branch, path, entry, seq) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (repo, branch, path) DO UPDATE SET entry = excluded.entry, seq = excluded.seq",
@@ -456,9 +475,19 @@ class Catalog:
 
     # -- ref events (the watch stream) ---------------------------------------
     def _event(self, cur, repo: str, kind: str, name: str, old: str | None, new: str | None) -> None:
+        """Append a ref event; its seq is one more than the last committed one.
+
+        The seq is taken under a lock held until the transaction ends, so events commit
+        in seq order with no gaps, whatever the number of hub processes: a reader that
+        sees seq N has seen every seq below N (see :meth:`events_after`). The call should
+        come last in its transaction: other writers of events wait from here to commit.
+        On SQLite a write transaction already holds the database's write lock."""
+        if self.db.dialect == "postgres":
+            cur.execute("SELECT pg_advisory_xact_lock(?)", (EVENT_LOCK,))
         now = time.time()
         cur.execute(
-            "INSERT INTO ref_events (repo, kind, name, old_commit, new_commit, time) VALUES (?, ?, ?, ?, ?, ?) RETURNING seq",
+            "INSERT INTO ref_events (seq, repo, kind, name, old_commit, new_commit, time) "
+            "SELECT COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ?, ?, ? FROM ref_events RETURNING seq",
             (repo, kind, name, old, new, now),
         )
         (seq,) = cur.fetchone()
@@ -499,6 +528,37 @@ class Catalog:
             sql += " AND repo = ?"
             params.append(repo)
         return self.db.query(sql + " ORDER BY seq LIMIT ?", params + [limit])
+
+    # -- spoke groups ------------------------------------------------------------
+    def group_heartbeat(
+        self, group: str, url: str, token_id: str | None, now: float, expired_before: float, max_members: int
+    ) -> None:
+        """Record that ``url`` is a live member of ``group`` at ``now``; members last seen
+        before ``expired_before`` (of any group) are dropped first. Conflict when the group
+        already has ``max_members`` other live members."""
+        with self.db.tx() as cur:
+            cur.execute("DELETE FROM group_members WHERE seen < ?", (expired_before,))
+            cur.execute("SELECT COUNT(*) FROM group_members WHERE group_name = ? AND url <> ?", (group, url))
+            if cur.fetchone()[0] >= max_members:
+                raise Conflict(f"group {group!r} already has {max_members} members, the most it may have")
+            cur.execute(
+                "INSERT INTO group_members (group_name, url, token_id, seen) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (group_name, url) DO UPDATE SET token_id = excluded.token_id, seen = excluded.seen",
+                (group, url, token_id, now),
+            )
+
+    def group_members(self, group: str, seen_since: float) -> list[str]:
+        """URLs of the members of ``group`` last seen at or after ``seen_since``, sorted."""
+        rows = self.db.query(
+            "SELECT url FROM group_members WHERE group_name = ? AND seen >= ? ORDER BY url", (group, seen_since)
+        )
+        return [url for (url,) in rows]
+
+    def leave_group(self, group: str, url: str) -> bool:
+        """Drop ``url`` from ``group``; whether it was a member."""
+        with self.db.tx() as cur:
+            cur.execute("DELETE FROM group_members WHERE group_name = ? AND url = ?", (group, url))
+            return cur.rowcount > 0
 
     # -- S3 bucket bindings ----------------------------------------------------
     def create_bucket(self, name: str, repo: str, ref: str, created_by_s3: bool = False) -> None:

@@ -1,4 +1,8 @@
-"""Catalog schema: the only mutable state of a hub (refs, staging, indexes)."""
+"""Catalog schema: the only mutable state of a hub (refs, staging, indexes).
+
+Every statement is ``CREATE ... IF NOT EXISTS`` and runs each time a catalog is
+opened: a table added in a later version appears in an existing catalog then.
+"""
 
 SCHEMA_VERSION = 1
 
@@ -105,3 +109,53 @@ CREATE TABLE IF NOT EXISTS repo_chunks (
 );
 CREATE INDEX IF NOT EXISTS repo_chunks_by_chunk ON repo_chunks (chunk)
 """
+
+# Spoke groups (issue 15): the live members of each group, by their last heartbeat.
+SCHEMA += """;
+CREATE TABLE IF NOT EXISTS group_members (
+    group_name TEXT NOT NULL,
+    url TEXT NOT NULL,
+    token_id TEXT,
+    seen {real} NOT NULL,
+    PRIMARY KEY (group_name, url)
+)
+"""
+
+# S3 multipart uploads (issue 15): in the catalog, so every hub process serves every upload.
+# A spoke's gateway keeps the same tables in a SQLite file of its own (fabric.catalog.uploads).
+UPLOADS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS s3_uploads (
+    id {text_c} PRIMARY KEY,
+    bucket TEXT NOT NULL,
+    key {text_c} NOT NULL,
+    repo TEXT NOT NULL,
+    branch TEXT NOT NULL,
+    path TEXT NOT NULL,
+    meta TEXT NOT NULL,
+    initiator TEXT NOT NULL,
+    created {real} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS s3_uploads_by_key ON s3_uploads (bucket, key, id);
+CREATE TABLE IF NOT EXISTS s3_parts (
+    upload_id TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    etag TEXT NOT NULL,
+    size BIGINT NOT NULL,
+    chunks {blob} NOT NULL,
+    modified {real} NOT NULL,
+    PRIMARY KEY (upload_id, number)
+);
+CREATE TABLE IF NOT EXISTS s3_completed (
+    id TEXT PRIMARY KEY,
+    bucket TEXT NOT NULL,
+    key TEXT NOT NULL,
+    repo TEXT NOT NULL,
+    branch TEXT NOT NULL,
+    path TEXT NOT NULL,
+    etag TEXT NOT NULL,
+    mtime_ns BIGINT NOT NULL,
+    done {real} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS s3_completed_by_time ON s3_completed (done)
+"""
+SCHEMA += ";" + UPLOADS_SCHEMA

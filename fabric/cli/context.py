@@ -32,7 +32,7 @@ class Ctx:
 
     @property
     def plane(self) -> DataPlane:
-        """What commands act on: the server at --server, else the local data directory."""
+        """What commands act on: the server at --server (or the nearest healthy one of a list), else the local data directory."""
         if self._plane is None:
             if self.server:
                 from fabric.client.http import HttpPlane

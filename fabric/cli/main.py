@@ -61,7 +61,7 @@ class FabricGroup(click.Group):
 )
 @click.option("--db", envvar="FABRIC_DB", metavar="URL", help="Catalog database: sqlite:///PATH or postgresql://… (default: DIR/catalog.db).")
 @click.option("--store", envvar="FABRIC_STORE", metavar="URL", help="Object store for packs: a path, s3://bucket/prefix or an fsspec URL (default: DIR/store; remembered).")
-@click.option("--server", envvar="FABRIC_SERVER", metavar="URL", help="Work against a hub or spoke at URL instead of --data. Env: FABRIC_SERVER.")
+@click.option("--server", envvar="FABRIC_SERVER", metavar="URL[,URL...]", help="Work against a hub or spoke at URL instead of --data. Several URLs, comma-separated (the spokes of your region, then the hub): the nearest healthy one is used, the next when it fails. Env: FABRIC_SERVER.")
 @click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="API token for --server. Env: FABRIC_TOKEN.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")

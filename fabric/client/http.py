@@ -4,6 +4,18 @@
 CLI, import/export and any library code run unchanged against a remote
 server. Imports chunk locally and send only the chunks the server lacks
 (a :class:`~fabric.format.ingest.PackSession` that uploads packs).
+
+``url`` may be a comma-separated list of servers of one fabric, nearest first (the spokes
+of a region, then the hub): requests go to the nearest healthy one and move to the next
+when it fails (:mod:`fabric.client.servers`), without the caller seeing an error, for every
+request that is safe to send twice: reads, listings, ``stat``, ``frames``, chunk uploads
+(content-addressed), staging entries, and uploads whose body can be replayed (bytes, a
+seekable file). A download or a ``frames`` stream that breaks off continues on the next
+server from where it stopped. A server may be behind another (a spoke lags its hub by up
+to its lease): what is read by chunk id (the open files of a mount and of ``fabric://``)
+or by commit id is the same everywhere, and a download resumed elsewhere is pinned to the
+commit its first answer named (``X-Fabric-Commit``); a branch asked about afresh gets what
+the new server says, which may be older than what the previous one said.
 """
 
 from __future__ import annotations
@@ -12,7 +24,7 @@ import itertools
 import json
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, BinaryIO
 
@@ -21,6 +33,7 @@ import msgpack
 
 from fabric import errors
 from fabric.auth.principal import Principal
+from fabric.client.servers import ServerSet, Unreachable
 from fabric.format.ingest import PackSession
 from fabric.format.listing import Change, Listing
 from fabric.format.model import Commit, Entry
@@ -42,6 +55,7 @@ UPLOAD_PACK_SIZE = 16 * 1024 * 1024
 MISSING_BATCH = 10_000
 FRAMES_BATCH = 4096
 OBJECT_BATCH = 256
+API = "/api/v1"
 
 _BY_STATUS: dict[int, type[errors.FabricError]] = {
     400: errors.BadRequest,
@@ -139,18 +153,20 @@ class HttpPlane(DataPlane):
         transport: httpx.BaseTransport | None = None,
         job: str | None = None,
     ) -> None:
-        """``timeout``: seconds for every phase but connecting (10 s), or :class:`Timeouts`.
+        """``url``: a server's base URL, or several, comma-separated, nearest first (BadRequest
+        naming a bad one); each gets the same token. ``timeout``: seconds for every phase but
+        connecting (10 s), or :class:`Timeouts`.
         ``job``: the job every request reads for (``X-Fabric-Job``; default: env ``FABRIC_JOB``,
         if set); BadRequest when it is not a valid job id."""
-        self.url = url.rstrip("/")
+        verify: Any = os.environ.get("FABRIC_CA_BUNDLE") or True
+        self.servers = ServerSet(url, verify=verify)
         self.timeouts = timeout if isinstance(timeout, Timeouts) else Timeouts(10.0, timeout, timeout, timeout, timeout)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.job = check_job(job) if job is not None else (check_job(os.environ[JOB_ENV]) if os.environ.get(JOB_ENV) else None)
         if self.job is not None:
             headers[JOB_HEADER] = self.job
-        verify: Any = os.environ.get("FABRIC_CA_BUNDLE") or True
         self.http = httpx.Client(
-            base_url=self.url + "/api/v1",
+            base_url=self.servers.urls[0] + API,
             headers=headers,
             timeout=self.timeouts.as_httpx(),
             verify=verify,
@@ -158,29 +174,48 @@ class HttpPlane(DataPlane):
         )
         self._slow = self.timeouts.as_httpx(slow=True)
 
+    @property
+    def url(self) -> str:
+        """The server requests go to now: the one given, or the current one of a list."""
+        return self.servers.current()
+
     def close(self) -> None:
+        self.servers.close()
         self.http.close()
 
     # -- plumbing ----------------------------------------------------------------
-    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(
+        self, attempt: Callable[[str], httpx.Response], method: str, repeatable: bool | None
+    ) -> tuple[str, httpx.Response]:
+        """``attempt(server URL)`` through the server list; ``repeatable``: may the request go to
+        another server after it may have reached one (default: GET and HEAD)."""
         try:
-            response = self.http.request(method, path, **kwargs)
+            return self.servers.send(attempt, method in ("GET", "HEAD") if repeatable is None else repeatable)
+        except Unreachable as exc:
+            raise errors.Unavailable(str(exc)) from exc
         except httpx.TransportError as exc:
             raise errors.Unavailable(f"cannot reach {self.url}: {exc}") from exc
+
+    def _call(self, method: str, path: str, repeatable: bool | None = None, **kwargs: Any) -> httpx.Response:
+        _, response = self._send(lambda base: self.http.request(method, base + API + path, **kwargs), method, repeatable)
         raise_for_error(response)
         return response
 
-    def _open_stream(self, request: httpx.Request) -> httpx.Response:
-        """Send a request whose response body is read as a stream (the caller closes it)."""
-        try:
-            response = self.http.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise errors.Unavailable(f"cannot reach {self.url}: {exc}") from exc
+    def _open_stream(
+        self, method: str, path: str, repeatable: bool | None = None, **kwargs: Any
+    ) -> tuple[str, httpx.Response]:
+        """Send a request whose response body is read as a stream (the caller closes it):
+        the server that answered, and its answer."""
+
+        def attempt(base: str) -> httpx.Response:
+            return self.http.send(self.http.build_request(method, base + API + path, **kwargs), stream=True)
+
+        server, response = self._send(attempt, method, repeatable)
         if response.status_code >= 400:
             response.read()
             response.close()
             raise_for_error(response)
-        return response
+        return server, response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._call(method, path, **kwargs).json()
@@ -345,13 +380,40 @@ class HttpPlane(DataPlane):
         return total
 
     def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
-        headers = {}
-        if offset or length is not None:
-            end = "" if length is None else str(offset + length - 1)
-            headers["Range"] = f"bytes={offset}-{end}"
-        request = self.http.build_request("GET", f"/repos/{repo}/refs/{ref}/objects", params={"path": path}, headers=headers)
-        response = self._open_stream(request)
-        return _stream(response)
+        server, response = self._open_stream(
+            "GET", f"/repos/{repo}/refs/{ref}/objects", params={"path": path}, headers=_byte_range(offset, length)
+        )
+        if not self.servers.multiple:
+            return _stream(response)
+        return self._resumed_stream(server, response, repo, path, offset, length)
+
+    def _resumed_stream(
+        self, server: str, response: httpx.Response, repo: str, path: str, offset: int, length: int | None
+    ) -> Iterator[bytes]:
+        """``response``'s body; where a server fails mid-way, the rest from the next server:
+        from the byte it stopped at, of the commit the first answer named."""
+        commit = response.headers.get("X-Fabric-Commit")
+        size = response.headers.get("Content-Length")
+        want = int(size) if size is not None and size.isdigit() else length
+        done = failures = 0
+        while True:
+            try:
+                for piece in _stream(response):
+                    done += len(piece)
+                    failures = 0
+                    yield piece
+                return
+            except errors.Unavailable as exc:
+                self.servers.mark_down(server, exc.message)
+                failures += 1
+                if commit is None or failures >= len(self.servers.urls):
+                    raise
+            if want is not None and done >= want:
+                return
+            rest = None if want is None else want - done
+            server, response = self._open_stream(
+                "GET", f"/repos/{repo}/refs/{commit}/objects", params={"path": path}, headers=_byte_range(offset + done, rest)
+            )
 
     def put_object(
         self,
@@ -374,9 +436,17 @@ class HttpPlane(DataPlane):
             while piece := stream.read(1 << 20):
                 yield piece
 
-        return entry_from_json(
-            self._slow_json("PUT", f"/repos/{repo}/branches/{branch}/objects", params={"path": path}, content=body(), headers=headers)
-        )
+        start = _position(stream)
+
+        def attempt(base: str) -> httpx.Response:
+            if start is not None:
+                stream.seek(start)
+            url = f"{base}{API}/repos/{repo}/branches/{branch}/objects"
+            return self.http.request("PUT", url, params={"path": path}, content=body(), headers=headers, timeout=self._slow)
+
+        _, response = self._send(attempt, "PUT", repeatable=start is not None)
+        raise_for_error(response)
+        return entry_from_json(response.json())
 
     def stage(
         self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None
@@ -387,6 +457,7 @@ class HttpPlane(DataPlane):
             content=pack_changes(dict(changes)),
             headers={"Content-Type": MSGPACK, **durability_header(durability)},
             timeout=self._slow,
+            repeatable=True,  # staging the same entries again changes nothing
         )
         seq = response.headers.get(STAGING_SEQ_HEADER)
         return int(seq) if seq is not None else None
@@ -422,19 +493,23 @@ class HttpPlane(DataPlane):
         headers = durability_header(durability)
         for i in range(0, len(unique), MISSING_BATCH):
             batch = [c.hex() for c in unique[i : i + MISSING_BATCH]]
-            reply = self._json("POST", "/chunks/missing", json={"ids": batch}, headers=headers, params=_scope(repo))
+            reply = self._json(
+                "POST", "/chunks/missing", json={"ids": batch}, headers=headers, params=_scope(repo), repeatable=True
+            )
             out.extend(bytes.fromhex(c) for c in reply["missing"])
         return out
 
     def receive_pack(self, data: bytes, durability: str | None = None, repo: str | None = None) -> tuple[int, int]:
         headers = {"Content-Type": "application/octet-stream", **durability_header(durability)}
-        r = self._slow_json("POST", "/chunks/packs", content=data, headers=headers, params=_scope(repo))
+        # Chunks are content-addressed: a pack sent twice stores nothing twice.
+        r = self._slow_json("POST", "/chunks/packs", content=data, headers=headers, params=_scope(repo), repeatable=True)
         return r["chunks"], r["new"]
 
     def share_chunks(self, source_repo: str, repo: str, ids: Sequence[bytes]) -> None:
         for i in range(0, len(ids), MISSING_BATCH):
             batch = [c.hex() for c in ids[i : i + MISSING_BATCH]]
-            self._call("POST", f"/repos/{repo}/chunks/share", json={"source_repo": source_repo, "ids": batch})
+            body = {"source_repo": source_repo, "ids": batch}
+            self._call("POST", f"/repos/{repo}/chunks/share", json=body, repeatable=True)
 
     def frames(self, ids: Sequence[bytes], repo: str | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Requests of at most :data:`FRAMES_BATCH` ids, one after another as the records are
@@ -448,15 +523,43 @@ class HttpPlane(DataPlane):
             yield from self._frames_batch(ids[i : i + FRAMES_BATCH], repo)
 
     def _frames_batch(self, ids: list[bytes], repo: str | None) -> Iterator[tuple[bytes, bytes]]:
-        request = self.http.build_request(
-            "POST", "/chunks/frames", json={"ids": [c.hex() for c in ids]}, params=_scope(repo)
-        )
-        return _records(self._open_stream(request))
+        server, response = self._frames_request(ids, repo)
+        if not self.servers.multiple:
+            return _records(response)
+        return self._resumed_frames(server, response, ids, repo)
+
+    def _frames_request(self, ids: list[bytes], repo: str | None) -> tuple[str, httpx.Response]:
+        body = {"ids": [c.hex() for c in ids]}
+        return self._open_stream("POST", "/chunks/frames", repeatable=True, json=body, params=_scope(repo))
+
+    def _resumed_frames(
+        self, server: str, response: httpx.Response, ids: list[bytes], repo: str | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``response``'s records; where a server fails mid-way, the ids not yet received from the next."""
+        got: set[bytes] = set()
+        failures = 0
+        while True:
+            try:
+                for cid, frame in _records(response):
+                    got.add(cid)
+                    failures = 0
+                    yield cid, frame
+                return
+            except errors.Unavailable as exc:
+                self.servers.mark_down(server, exc.message)
+                failures += 1
+                if failures >= len(self.servers.urls):
+                    raise
+            rest = [c for c in ids if c not in got]
+            if not rest:
+                return
+            server, response = self._frames_request(rest, repo)
 
     def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
         for i in range(0, len(ids), OBJECT_BATCH):
-            response = self._call("POST", "/objects/batch", json={"ids": list(ids[i : i + OBJECT_BATCH])})
+            body = {"ids": list(ids[i : i + OBJECT_BATCH])}
+            response = self._call("POST", "/objects/batch", json=body, repeatable=True)
             for oid, data in msgpack.unpackb(response.content, raw=False).items():
                 out[oid] = data
         return out
@@ -493,10 +596,8 @@ class HttpPlane(DataPlane):
     def watch(self, since: int | None = None, read_timeout: float = 30.0) -> Iterator[dict]:
         """Ref change events as they happen (see hub/watch.py); ends when the connection does."""
         params = {} if since is None else {"since": since}
-        request = self.http.build_request(
-            "GET", "/watch", params=params, timeout=httpx.Timeout(read_timeout, connect=self.timeouts.connect)
-        )
-        response = self._open_stream(request)
+        timeout = httpx.Timeout(read_timeout, connect=self.timeouts.connect)
+        _, response = self._open_stream("GET", "/watch", params=params, timeout=timeout)
         return _watch_events(_json_lines(response))
 
     # -- tokens (hub only) ---------------------------------------------------------
@@ -523,7 +624,7 @@ class HttpPlane(DataPlane):
     def s3_v2_check(self, access_key_id: str, strings_to_sign: Sequence[str], signature: str) -> Principal | None:
         """The principal of an S3 access key if ``signature`` signs one of ``strings_to_sign`` (SigV2), else None."""
         body = {"access_key_id": access_key_id, "strings_to_sign": list(strings_to_sign), "signature": signature}
-        d = self._json("POST", "/auth/s3-v2-check", json=body)
+        d = self._json("POST", "/auth/s3-v2-check", json=body, repeatable=True)
         return Principal.from_dict(d["principal"]) if d["match"] else None
 
     def whoami(self) -> dict:
@@ -549,6 +650,22 @@ class HttpPlane(DataPlane):
 
 def _on_behalf(owner: str | None) -> dict[str, str]:
     return {} if owner is None else {"X-Fabric-On-Behalf-Of": owner}
+
+
+def _byte_range(offset: int, length: int | None) -> dict[str, str]:
+    """The ``Range`` header of ``length`` bytes (None: to the end) from ``offset``; none for all."""
+    if not offset and length is None:
+        return {}
+    end = "" if length is None else str(offset + length - 1)
+    return {"Range": f"bytes={offset}-{end}"}
+
+
+def _position(stream: BinaryIO) -> int | None:
+    """Where a seekable stream is (its body can be sent again from there); None if it is not."""
+    try:
+        return stream.tell() if stream.seekable() else None
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def _stream(response: httpx.Response) -> Iterator[bytes]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import getpass
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 from fabric.catalog import Catalog, Database
@@ -513,6 +513,19 @@ class Engine(DataPlane):
     def stage(self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None) -> int:
         """Stage entries (``None`` deletes) whose chunks are already stored (hub-durable)."""
         return self.catalog.stage(repo, branch, self._staging_rows(repo, changes))
+
+    def stage_if(
+        self,
+        repo: str,
+        branch: str,
+        changes: Mapping[str, Entry | None],
+        check: Callable[[], None],
+        durability: str | None = None,
+    ) -> int:
+        """Stage ``changes`` if ``check()`` passes, in one catalog transaction that holds the
+        branch's ref row: no other stage or commit of the branch, in any hub process, comes
+        between the check and the write."""
+        return self.catalog.stage(repo, branch, self._staging_rows(repo, changes), check=check)
 
     def _staging_rows(self, repo: str, changes: Mapping[str, Entry | None]) -> list[tuple[str, bytes | None]]:
         """``changes`` as staging rows, once every path is valid and every chunk is the repository's."""

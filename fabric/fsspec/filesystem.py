@@ -52,7 +52,8 @@ _IMPLICIT_DIR = Entry(kind=DIR)
 
 
 class FabricFileSystem(AbstractFileSystem):
-    """``server``: the hub's or spoke's URL (default ``$FABRIC_SERVER``); ``token``: the
+    """``server``: the hub's or spoke's URL, or several comma-separated, nearest first (the
+    nearest healthy one is used, the next when it fails; default ``$FABRIC_SERVER``); ``token``: the
     bearer token (default ``$FABRIC_TOKEN``); ``commit``: a commit message, to commit the
     branch after every write; ``timeout``: seconds a request may wait; ``job``: the job
     its reads are accounted to at a spoke (``X-Fabric-Job``, default ``$FABRIC_JOB``)."""

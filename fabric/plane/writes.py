@@ -14,7 +14,7 @@ write while the hub is unreachable.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import BinaryIO
 
 from fabric.format.model import Entry
@@ -58,6 +58,24 @@ class Writes(abc.ABC):
         entry needs is not stored (for ``local``: neither at the spoke nor known to be
         at the hub). Staging the same changes again leaves the same staging area (at
         a new seq): safe to retry."""
+
+    def stage_if(
+        self,
+        repo: str,
+        branch: str,
+        changes: Mapping[str, Entry | None],
+        check: Callable[[], None],
+        durability: str | None = None,
+    ) -> int | None:
+        """:meth:`stage` if ``check()`` returns (it raises to stage nothing), e.g. a condition
+        on what the branch holds, read through this plane.
+
+        A plane that can runs the check and the write atomically with every other write
+        of the branch (the hub: in one catalog transaction, across hub processes and
+        protocols). This default checks, then stages: the caller serializes its own
+        conditional writes."""
+        check()
+        return self.stage(repo, branch, changes, durability)
 
     @abc.abstractmethod
     def delete_object(self, repo: str, branch: str, path: str, durability: str | None = None) -> None:

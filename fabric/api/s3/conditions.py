@@ -1,8 +1,11 @@
 """Conditional requests: ``If-Match``, ``If-None-Match``, ``If-(Un)Modified-Since``
 on reads and copy sources, and conditional writes (``If-None-Match``, ``If-Match``).
 
-A conditional write is checked and staged under a lock per key (:class:`KeyLocks`),
-so two writers cannot both see the key absent and both write it.
+A conditional write is checked and staged in one step by the data plane
+(:meth:`~fabric.plane.writes.Writes.stage_if`: at the hub, one catalog transaction
+holding the branch's row, so hub processes sharing a catalog agree), and under a lock
+per key in this process (:class:`KeyLocks`) for planes that check, then stage: two
+writers cannot both see the key absent and both write it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ serve it unchanged over their own plane. It needs three things from its host:
   not bound (it may still be a repository). Default: ``plane.get_bucket``,
   cached for a few seconds.
 
-Multipart state lives in ``state_dir`` (SQLite); objects written over S3 land
+Multipart state lives in ``uploads`` (the hub passes one in its catalog, so every
+hub process serves every upload) or, by default, in ``state_dir`` (SQLite); objects written over S3 land
 in the branch's staging area and are committed through REST/CLI, or by the
 gateway itself with ``autocommit`` (``0``: after every write; ``N``: every N
 seconds for branches written to).
@@ -34,7 +35,7 @@ from fabric.api.s3.buckets import BucketHandlers
 from fabric.api.s3.dispatch import Dispatcher
 from fabric.api.s3.listing import Listing
 from fabric.api.s3.locations import BucketLocations
-from fabric.api.s3.multipart import Uploads
+from fabric.api.s3.multipart import Uploads, UploadStore
 from fabric.api.s3.multipart_handlers import MultipartHandlers
 from fabric.api.s3.namespace import BindingLookup, Namespace, plane_bindings
 from fabric.api.s3.objects import ObjectHandlers
@@ -59,9 +60,10 @@ class S3Gateway:
         access_log_enabled: bool = True,
         workers: int = 32,
         upload_expiry: float = 7 * 24 * 3600.0,
+        uploads: UploadStore | None = None,
     ) -> None:
         self.plane = plane
-        self.uploads = Uploads(state_dir)
+        self.uploads = uploads if uploads is not None else Uploads(state_dir)
         self.autocommit = AutoCommitter(plane, autocommit) if autocommit is not None else None
         self.stats = GatewayStats()
         namespace = Namespace(plane, buckets or plane_bindings(plane), cache_seconds)

@@ -26,7 +26,7 @@ from fabric.api.s3.multipart import (
     MAX_PARTS,
     MIN_PART_SIZE,
     Upload,
-    Uploads,
+    UploadStore,
     encode_part_sizes,
     multipart_etag,
 )
@@ -69,7 +69,7 @@ class MultipartHandlers:
         plane: DataPlane,
         namespace: Namespace,
         objects: ObjectHandlers,
-        uploads: Uploads,
+        uploads: UploadStore,
         stats: GatewayStats,
         upload_expiry: float,
     ) -> None:

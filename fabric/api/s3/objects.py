@@ -125,11 +125,14 @@ class ObjectHandlers:
             self.plane.share_chunks(source_repo, repo, stored_ids(chunks))
 
     def stage(self, ctx: Ctx, repo: str, branch: str, path: str, key: str, entry: Entry) -> None:
-        """Stage ``entry`` at ``path``, after checking the request's write conditions under the key's lock."""
+        """Stage ``entry`` at ``path`` if the request's write conditions hold: checked and staged
+        atomically by the plane (at the hub, across hub processes), under the key's lock here
+        for planes that only check, then stage."""
         if is_conditional_write(ctx):
             with self._key_locks.lock(repo, branch, path):
-                check_write_conditions(self.plane, ctx, repo, branch, path, key)
-                self.plane.stage(repo, branch, {path: entry})
+                self.plane.stage_if(
+                    repo, branch, {path: entry}, lambda: check_write_conditions(self.plane, ctx, repo, branch, path, key)
+                )
         else:
             self.plane.stage(repo, branch, {path: entry})
         self.wrote(ctx, repo, branch)

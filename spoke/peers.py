@@ -1,0 +1,185 @@
+"""Fetching chunks through a spoke group: each chunk from its owner, so it crosses the WAN once.
+
+:class:`GroupFetch` is the fetch scheduler's upstream call (``ids -> (id, frame)``)
+for a spoke in a group. It splits a batch by owner (:mod:`spoke.group`): ids this
+spoke owns go to the hub; the others go to their owner over the LAN, as a peer
+request (``X-Fabric-Peer: 1`` with this spoke's hub token, :mod:`fabric.api.peers`).
+The owner serves them from its cache or fetches them from its hub once, and keeps
+them; so does this spoke (the scheduler caches what it fetched): a job reads its
+next chunks from local disk, at the cost of a second copy in the region.
+
+A peer's frames are verified (checksum and id) before they are passed on. An owner
+that cannot be reached, answers with an error, is slow (short timeouts) or sends a
+bad frame is marked down for :data:`DOWN_SECONDS`; the ids it did not send go to the
+next owner in rendezvous order that is up, or to the hub: never an error to the
+reader. An id the owner says is stored nowhere (404) is asked of the hub, whose
+answer is the reader's.
+
+A spoke asked by a peer fetches what it lacks from its hub, never from a third
+spoke (:meth:`spoke.plane.SpokePlane.frames`), in the request's own thread: a
+request makes at most one LAN hop, even while two members see the group
+differently, and a spoke whose fetch workers all wait on its peers still serves
+them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+import httpx
+
+from fabric.api.peers import PEER_HEADER
+from fabric.client.http import HttpPlane, Timeouts
+from fabric.errors import FabricError, NotFound
+from fabric.format import frames
+
+from .group import rank
+from .traffic import CountingTransport, Traffic
+
+log = logging.getLogger("fabric.spoke.group")
+
+#: Seconds a peer that failed is left out of the group by this spoke.
+DOWN_SECONDS = 10.0
+#: How long a peer may take: a slow owner costs a fallback, not a stalled read.
+PEER_TIMEOUTS = Timeouts(connect=1.0, read=2.0, write=2.0, pool=2.0, slow=2.0)
+
+FetchFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes]]]
+
+
+class Members(Protocol):
+    """What :class:`GroupFetch` needs of a membership (:mod:`spoke.membership`): this
+    spoke's name and the members now, itself included."""
+
+    me: str
+
+    def members(self) -> tuple[str, ...]: ...
+
+
+class GroupFetch:
+    def __init__(
+        self,
+        membership: Members,
+        hub_frames: FetchFrames,
+        token: str | None,
+        traffic: Traffic,
+        timeouts: Timeouts = PEER_TIMEOUTS,
+        down_seconds: float = DOWN_SECONDS,
+    ) -> None:
+        """``hub_frames``: the hub's frames call; ``token``: this spoke's hub token, which
+        peers check with their hub; ``traffic``: where the LAN bytes are counted."""
+        self.membership = membership
+        self.me = membership.me
+        self._hub = hub_frames
+        self._token = token
+        self.traffic = traffic
+        self._timeouts = timeouts
+        self._down_seconds = down_seconds
+        self._lock = threading.Lock()
+        self._clients: dict[str, HttpPlane] = {}
+        self._down: dict[str, float] = {}
+        self.peer_chunks = self.fallback_chunks = self.peer_failures = self.served_to_peers = 0
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+    # -- routing -----------------------------------------------------------------
+    def asked_by_peer(self, n: int) -> None:
+        """Count ``n`` chunk ids a peer asked this spoke for."""
+        with self._lock:
+            self.served_to_peers += n
+
+    def owners(self, cid: bytes) -> list[str]:
+        """The members that may serve ``cid`` now, in order: its owner first, peers marked
+        down left out (this spoke is never down)."""
+        now = time.monotonic()
+        with self._lock:
+            down = {m for m, until in self._down.items() if until > now}
+        return [m for m in rank(cid, self.membership.members()) if m == self.me or m not in down]
+
+    def _route(self, ids: Sequence[bytes], tried: set[str]) -> dict[str, list[bytes]]:
+        """``ids`` by the member to ask first (this spoke: the hub), leaving out ``tried``."""
+        out: dict[str, list[bytes]] = {}
+        for cid in ids:
+            target = next(m for m in self.owners(cid) if m == self.me or m not in tried)
+            out.setdefault(target, []).append(cid)
+        return out
+
+    # -- the scheduler's upstream call ---------------------------------------------
+    def __call__(self, ids: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        """``(id, frame)`` for ``ids``: this spoke's own from the hub first, then the others
+        from their owners, then what they did not send from the hub.
+
+        Own ids first: a peer may be waiting for them (its request joins this fetch), and
+        this fetch must not wait on that peer meanwhile, or two spokes wait on each other."""
+        wanted = set(ids)
+        routes = self._route(ids, set())
+        own = routes.pop(self.me, [])
+        if own:
+            yield from self._hub(own)
+        to_hub: list[bytes] = []
+        tried: set[str] = set()
+        while routes:
+            peer, asked = routes.popitem()
+            tried.add(peer)
+            got: set[bytes] = set()
+            failure: BaseException | None = None
+            try:
+                for cid, frame in self._client(peer).frames(asked):
+                    if cid not in wanted or cid in got:
+                        continue
+                    frames.decode(frame, cid)  # a peer's frame is checked before it is passed on
+                    got.add(cid)
+                    yield cid, frame
+            except NotFound:
+                pass  # stored nowhere, says the peer's hub: ours has the last word
+            except (FabricError, httpx.HTTPError, OSError) as exc:
+                failure = exc
+            rest = [cid for cid in asked if cid not in got]
+            with self._lock:
+                self.peer_chunks += len(got)
+                self.fallback_chunks += len(rest)
+            if failure is None:
+                to_hub += rest
+                continue
+            self._mark_down(peer, failure)
+            for target, more in self._route(rest, tried).items():
+                if target == self.me:
+                    to_hub += more
+                else:
+                    routes.setdefault(target, []).extend(more)
+        if to_hub:
+            yield from self._hub(to_hub)
+
+    def _mark_down(self, peer: str, exc: BaseException) -> None:
+        with self._lock:
+            self.peer_failures += 1
+            self._down[peer] = time.monotonic() + self._down_seconds
+        log.warning("peer %s failed (%s): left out for %.0f s, its chunks fetched elsewhere", peer, getattr(exc, "message", exc), self._down_seconds)
+
+    def _client(self, peer: str) -> HttpPlane:
+        with self._lock:
+            client = self._clients.get(peer)
+            if client is None:
+                transport = CountingTransport(self.traffic, httpx.HTTPTransport())
+                client = self._clients[peer] = HttpPlane(peer, self._token, self._timeouts, transport)
+                client.http.headers[PEER_HEADER] = "1"
+            return client
+
+    def stats(self) -> dict:
+        now = time.monotonic()
+        with self._lock:
+            down = sorted(m for m, until in self._down.items() if until > now)
+            return {
+                "peers_down": down,
+                "peer_chunks": self.peer_chunks,
+                "peer_fallback_chunks": self.fallback_chunks,
+                "peer_failures": self.peer_failures,
+                "chunks_asked_by_peers": self.served_to_peers,
+            }
