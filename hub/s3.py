@@ -7,6 +7,7 @@ import os
 from fabric.api.s3 import S3Gateway
 from fabric.api.s3.auth import SecretCredentials
 from fabric.auth.tokens import TokenStore
+from fabric.catalog.locations import LocationStore
 from fabric.catalog.uploads import UploadStore
 from fabric.engine.engine import Engine
 
@@ -17,8 +18,8 @@ def create_s3_app(
     engine: Engine, tokens: TokenStore, data_dir: str, auth: bool = True, autocommit: float | None = None,
     access_log: bool = True,
 ) -> S3Gateway:
-    """The hub's S3 gateway; multipart uploads are kept in the catalog (any hub process on it
-    serves them), bucket locations in ``DATA/s3/``. Buckets created over S3 belong to the
+    """The hub's S3 gateway; multipart uploads and bucket locations are kept in the catalog
+    (any hub process on it serves them). Buckets created over S3 belong to the
     token that created them."""
     return S3Gateway(
         OwningPlane(engine, tokens),
@@ -27,4 +28,5 @@ def create_s3_app(
         autocommit=autocommit,
         access_log_enabled=access_log,
         uploads=UploadStore(engine.catalog.db),
+        locations=LocationStore(engine.catalog.db),
     )

@@ -12,6 +12,10 @@
   prefetches carry the job and kind that asked for them, so their accuracy,
   coverage and waste are known (:class:`~spoke.prefetch_stats.PrefetchStats`).
   Listeners (:meth:`FetchScheduler.on_demand`) see the ids each job demand-reads.
+- In a spoke group, a prefetch batch goes through ``held_frames``
+  (:meth:`spoke.peers.GroupFetch.fetch`): a frame its owner sent is held in the owner's
+  cache, so it is handed to any waiting reader but not cached here, and not prefetched
+  again while it is outstanding; demand reads of it come from the owner.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ IN_FLIGHT = -1
 SERVE_WINDOW = 32
 
 FetchFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes]]]
+#: ``ids -> (id, frame, held)``: ``held`` when another spoke sent the frame and keeps a copy.
+HeldFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes, bool]]]
 #: Told ``(job, ids)`` before a demand read of ``ids`` for ``job``.
 DemandListener = Callable[[str, Sequence[bytes]], None]
 
@@ -53,10 +59,13 @@ class FetchScheduler:
         workers: int = 4,
         batch_ids: int = 128,
         background_workers: int = 1,
+        held_frames: HeldFrames | None = None,
     ) -> None:
         """``background_workers``: how many workers may fetch BACKGROUND batches at once (at
-        least one); the others stay free for more urgent reads."""
+        least one); the others stay free for more urgent reads. ``held_frames``: how a
+        prefetch batch is fetched in a spoke group (see the module's docstring)."""
         self._fetch = fetch_frames
+        self._held_frames = held_frames
         self.cache = cache
         self.traffic = traffic
         self.batch_ids = batch_ids
@@ -127,14 +136,14 @@ class FetchScheduler:
 
     def prefetch(self, ids: Sequence[bytes], priority: int = READAHEAD, job: str | None = None, kind: str = "readahead") -> None:
         """Queue chunks for fetching without waiting for them; ``job`` and ``kind`` (one of
-        :data:`~spoke.jobs.KINDS`) say who asked, for the prefetch accounting. Cached chunks
-        cost nothing."""
+        :data:`~spoke.jobs.KINDS`) say who asked, for the prefetch accounting. Cached chunks,
+        and chunks prefetched into their owner's cache and not read yet, cost nothing."""
         if kind not in KINDS:
             raise ValueError(f"unknown prefetch kind {kind!r}: use one of {', '.join(KINDS)}")
         if priority <= DEMAND_PRIORITY:
             raise ValueError("a prefetch cannot have demand priority")
         for cid in ids:
-            if cid not in self.cache:
+            if cid not in self.cache and not self.prefetch_stats.held(cid):
                 with self._cond:
                     if cid not in self._pending:
                         self._tags[cid] = (job, kind)
@@ -162,23 +171,24 @@ class FetchScheduler:
             ahead = self._fetch_missing(windows[k + 1]) if k + 1 < len(windows) else {}
             started = time.monotonic()
             for fut in fetched.values():
-                fut.result()  # raises the fetch's error; the decoded bytes are not kept
+                fut.result()  # raises the fetch's error (the bytes stay in the future until the window is sent)
             wait = time.monotonic() - started if fetched else 0.0
             missed = set(fetched)
             total = hit = 0
             for cid in window:
                 corruptions = self.cache.corruptions
                 frame = self.cache.get(cid)
-                if frame is None:  # evicted (or found corrupt, and dropped) since: fetch it again
+                if frame is None and cid not in fetched:  # a hit evicted (or found corrupt, and dropped) since
                     if self.cache.corruptions != corruptions:
                         self.refetched += 1
                     again = time.monotonic()
-                    self._request(cid, DEMAND_PRIORITY).result()
+                    fetched[cid] = self._request(cid, DEMAND_PRIORITY)
+                    fetched[cid].result()
                     wait += time.monotonic() - again
                     missed.add(cid)
                     frame = self.cache.get(cid)
-                if frame is None:
-                    raise NotFound(f"chunk {cid.hex()} could not be kept in the cache")
+                if frame is None:  # evicted between its fetch and now (a cache small for the readers): frame it again
+                    frame = frames.encode(fetched[cid].result())
                 size = frames.raw_length(frame)
                 total += size
                 if cid in missed:
@@ -290,12 +300,13 @@ class FetchScheduler:
         got: set[bytes] = set()
         try:
             with self.traffic.purpose(purpose):
-                for cid, frame in (fetch or self._fetch)(ids):
+                for cid, frame, held in self._frames(ids, fetch, purpose):
                     raw = frames.decode(frame, cid)  # checksum and id, before caching
-                    self.cache.put(cid, frame)
+                    if not held:
+                        self.cache.put(cid, frame)
                     got.add(cid)
                     if prefetched.get(cid, False):
-                        self.prefetch_stats.fetched(cid, len(raw), *self._tags.get(cid, (None, "readahead")))
+                        self.prefetch_stats.fetched(cid, len(raw), *self._tags.get(cid, (None, "readahead")), held=held)
                     self._resolve(cid, raw)
             missing = [cid for cid in ids if cid not in got]
             if missing:
@@ -308,6 +319,13 @@ class FetchScheduler:
             for cid in ids:
                 if cid not in got:
                     self._fail(cid, exc)
+
+    def _frames(self, ids: list[bytes], fetch: FetchFrames | None, purpose: str) -> Iterator[tuple[bytes, bytes, bool]]:
+        """The batch's frames, each with whether another spoke holds it (only for a
+        prefetch batch through ``held_frames``)."""
+        if fetch is None and purpose == PREFETCH and self._held_frames is not None:
+            return self._held_frames(ids)
+        return ((cid, frame, False) for cid, frame in (fetch or self._fetch)(ids))
 
     def _resolve(self, cid: bytes, raw: bytes) -> None:
         with self._cond:

@@ -5,8 +5,11 @@ for a spoke in a group. It splits a batch by owner (:mod:`spoke.group`): ids thi
 spoke owns go to the hub; the others go to their owner over the LAN, as a peer
 request (``X-Fabric-Peer: 1`` with this spoke's hub token, :mod:`fabric.api.peers`).
 The owner serves them from its cache or fetches them from its hub once, and keeps
-them; so does this spoke (the scheduler caches what it fetched): a job reads its
-next chunks from local disk, at the cost of a second copy in the region.
+them. For a demand read this spoke keeps a copy too (the scheduler caches what it
+fetched): a job reads its next chunks from local disk, at the cost of a second copy
+in the region. A prefetch (:meth:`GroupFetch.fetch` tells which frames an owner sent)
+fills only the owner's cache: the scheduler hands those frames to any reader already
+waiting and keeps no copy, so the job's reads of them come over the LAN from the owner.
 
 A peer's frames are verified (checksum and id) before they are passed on. An owner
 that cannot be reached, answers with an error, is slow (short timeouts) or sends a
@@ -24,7 +27,9 @@ them.
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -113,49 +118,64 @@ class GroupFetch:
 
     # -- the scheduler's upstream call ---------------------------------------------
     def __call__(self, ids: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
-        """``(id, frame)`` for ``ids``: this spoke's own from the hub first, then the others
-        from their owners, then what they did not send from the hub.
+        """``(id, frame)`` for ``ids`` (see :meth:`fetch`)."""
+        for cid, frame, _ in self.fetch(ids):
+            yield cid, frame
 
-        Own ids first: a peer may be waiting for them (its request joins this fetch), and
-        this fetch must not wait on that peer meanwhile, or two spokes wait on each other."""
+    def fetch(self, ids: list[bytes]) -> Iterator[tuple[bytes, bytes, bool]]:
+        """``(id, frame, held)`` for ``ids``: this spoke's own from the hub and the others
+        from their owners, all asked at once (one WAN round trip for the batch, not one per
+        owner in turn); what an owner did not send comes from the next owner or the hub.
+        ``held``: an owner sent the frame, so it holds a copy in its cache.
+
+        Own ids are asked at once too: a peer may be waiting for them (its request joins
+        this fetch), so they must never wait on that peer's answer, or two spokes wait on
+        each other. Frames come in the order they arrive; a hub error ends the stream."""
         wanted = set(ids)
         routes = self._route(ids, set())
         own = routes.pop(self.me, [])
+        if not routes:
+            for cid, frame in self._hub(own):
+                yield cid, frame, False
+            return
+        sources: list[Callable[[], Iterator[tuple[bytes, bytes, bool]]]] = [
+            lambda peer=peer, asked=asked: self._from_owner(peer, asked, wanted, {peer}) for peer, asked in routes.items()
+        ]
         if own:
-            yield from self._hub(own)
-        to_hub: list[bytes] = []
-        tried: set[str] = set()
-        while routes:
-            peer, asked = routes.popitem()
-            tried.add(peer)
-            got: set[bytes] = set()
-            failure: BaseException | None = None
-            try:
-                for cid, frame in self._client(peer).frames(asked):
-                    if cid not in wanted or cid in got:
-                        continue
-                    frames.decode(frame, cid)  # a peer's frame is checked before it is passed on
-                    got.add(cid)
-                    yield cid, frame
-            except NotFound:
-                pass  # stored nowhere, says the peer's hub: ours has the last word
-            except (FabricError, httpx.HTTPError, OSError) as exc:
-                failure = exc
-            rest = [cid for cid in asked if cid not in got]
-            with self._lock:
-                self.peer_chunks += len(got)
-                self.fallback_chunks += len(rest)
-            if failure is None:
-                to_hub += rest
-                continue
+            sources.append(lambda: ((cid, frame, False) for cid, frame in self._hub(own)))
+        yield from _merged(sources)
+
+    def _from_owner(self, peer: str, asked: list[bytes], wanted: set[bytes], tried: set[str]) -> Iterator[tuple[bytes, bytes, bool]]:
+        """``asked`` from ``peer``; what it does not send, from the next owner up or the hub."""
+        got: set[bytes] = set()
+        failure: BaseException | None = None
+        try:
+            for cid, frame in self._client(peer).frames(asked):
+                if cid not in wanted or cid in got:
+                    continue
+                frames.decode(frame, cid)  # a peer's frame is checked before it is passed on
+                got.add(cid)
+                yield cid, frame, True
+        except NotFound:
+            pass  # stored nowhere, says the peer's hub: ours has the last word
+        except (FabricError, httpx.HTTPError, OSError) as exc:
+            failure = exc
+        rest = [cid for cid in asked if cid not in got]
+        with self._lock:
+            self.peer_chunks += len(got)
+            self.fallback_chunks += len(rest)
+        if not rest:
+            return
+        routes = {self.me: rest}
+        if failure is not None:
             self._mark_down(peer, failure)
-            for target, more in self._route(rest, tried).items():
-                if target == self.me:
-                    to_hub += more
-                else:
-                    routes.setdefault(target, []).extend(more)
-        if to_hub:
-            yield from self._hub(to_hub)
+            routes = self._route(rest, tried)
+        for target, more in routes.items():
+            if target == self.me:
+                for cid, frame in self._hub(more):
+                    yield cid, frame, False
+            else:
+                yield from self._from_owner(target, more, wanted, tried | {target})
 
     def _mark_down(self, peer: str, exc: BaseException) -> None:
         with self._lock:
@@ -183,3 +203,54 @@ class GroupFetch:
                 "peer_failures": self.peer_failures,
                 "chunks_asked_by_peers": self.served_to_peers,
             }
+
+
+_DONE = object()
+
+
+def _merged(sources: Sequence[Callable[[], Iterator[tuple[bytes, bytes, bool]]]]) -> Iterator[tuple[bytes, bytes, bool]]:
+    """The items of every source, each run in its own thread, in the order they arrive.
+
+    Each thread runs in a copy of the caller's context (the traffic purpose its bytes are
+    counted under). At most a few frames wait between the threads and the reader (a bounded
+    queue); an error of a source is raised to the reader; a reader that stops early stops them all."""
+    out: queue.Queue = queue.Queue(maxsize=16)
+    stopped = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stopped.is_set():
+            try:
+                out.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(source: Callable[[], Iterator[tuple[bytes, bytes, bool]]]) -> None:
+        try:
+            for item in source():
+                if not put(item):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            put(exc)
+        finally:
+            put(_DONE)
+
+    threads = [
+        threading.Thread(target=contextvars.copy_context().run, args=(run, source), name="group-fetch", daemon=True)
+        for source in sources
+    ]
+    for t in threads:
+        t.start()
+    running = len(threads)
+    try:
+        while running:
+            item = out.get()
+            if item is _DONE:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stopped.set()

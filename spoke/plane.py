@@ -165,7 +165,8 @@ class SpokePlane(DataPlane):
         if self.membership is not None:
             self.group = GroupFetch(self.membership, self.upstream.frames, token, self.peer_traffic, peer_timeouts)
         self.fetcher = FetchScheduler(
-            self.group or self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers, background_workers=int(prefetch_share * fetch_workers)
+            self.group or self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers, background_workers=int(prefetch_share * fetch_workers),
+            held_frames=self.group.fetch if self.group is not None else None,  # prefetch fills the owners' caches
         )
         self.reader = Reader(self.meta, self.trees, self.fetcher.read)
         window = default_window(self.chunk_cache.budget) if hint_window is None else hint_window

@@ -9,6 +9,13 @@ snapshot and whenever the outstanding set reaches its bound). A job forgotten by
 :class:`~spoke.jobs.JobTable` counts its outstanding chunks as wasted.
 
 accuracy = used / prefetched; coverage = covered / demand bytes; both per job and kind.
+
+In a spoke group a prefetch may fill only the owner's cache (``held``, :mod:`spoke.fetch`).
+Such a chunk counts as prefetched when the owner sent it; a demand read of it counts as
+used and as covered (it is read from the owner's cache over the LAN, not waited for from
+the hub: this spoke cannot see whether the owner evicted it meanwhile, in which case the
+read did wait on the hub). It is never found "evicted" here: it is wasted only when its
+job is dropped, or when the outstanding set overflows.
 """
 
 from __future__ import annotations
@@ -32,20 +39,21 @@ class PrefetchStats:
         self._contains = contains
         self.max_outstanding = max_outstanding
         self._lock = threading.Lock()
-        #: chunk id -> (job, kind, raw bytes), oldest first.
-        self._outstanding: OrderedDict[bytes, tuple[str, str, int]] = OrderedDict()
+        #: chunk id -> (job, kind, raw bytes, held by its owner), oldest first.
+        self._outstanding: OrderedDict[bytes, tuple[str, str, int, bool]] = OrderedDict()
         self.totals = {k: PrefetchCounters() for k in KINDS}
         #: The most bytes ever outstanding at once, per (job, kind): what a lookahead held ahead.
         self._ahead: dict[tuple[str, str], int] = {}
         self.ahead_max: dict[tuple[str, str], int] = {}
 
-    def fetched(self, cid: bytes, nbytes: int, job: str | None, kind: str) -> None:
-        """A worker fetched ``cid`` because ``job`` asked for it ahead of need."""
+    def fetched(self, cid: bytes, nbytes: int, job: str | None, kind: str, held: bool = False) -> None:
+        """A worker fetched ``cid`` because ``job`` asked for it ahead of need (``held``:
+        into its owner's cache in the group, not this spoke's)."""
         job = job or NO_JOB
         with self._lock:
             if cid in self._outstanding:
                 return
-            self._outstanding[cid] = (job, kind, nbytes)
+            self._outstanding[cid] = (job, kind, nbytes, held)
             self.totals[kind].prefetched += nbytes
             key = (job, kind)
             self._ahead[key] = self._ahead.get(key, 0) + nbytes
@@ -61,7 +69,8 @@ class PrefetchStats:
             tag = self._outstanding.pop(cid, None)
             if tag is None:
                 return
-            pjob, kind, size = tag
+            pjob, kind, size, held = tag
+            hit = hit or held
             self._ahead[(pjob, kind)] -= size
             self.totals[kind].used += nbytes
             if hit:
@@ -75,7 +84,7 @@ class PrefetchStats:
         bound) also gives up on the oldest quarter, cached or not."""
         with self._lock:
             items = list(self._outstanding.items())
-        gone = [cid for cid, _ in items if not self._contains(cid)]
+        gone = [cid for cid, (_, _, _, held) in items if not held and not self._contains(cid)]
         if force:
             gone += [cid for cid, _ in items[: max(1, len(items) // 4)]]
         self._waste(gone)
@@ -83,7 +92,7 @@ class PrefetchStats:
     def waste_job(self, job: str, kind: str | None = None) -> None:
         """``job`` will not read what it prefetched (of ``kind``; None: of every kind): wasted."""
         with self._lock:
-            gone = [cid for cid, (j, k, _) in self._outstanding.items() if j == job and kind in (None, k)]
+            gone = [cid for cid, (j, k, _, _) in self._outstanding.items() if j == job and kind in (None, k)]
         self._waste(gone)
 
     def forget_job(self, job: str) -> None:
@@ -100,10 +109,10 @@ class PrefetchStats:
             for cid in dict.fromkeys(ids):
                 tag = self._outstanding.pop(cid, None)
                 if tag is not None:
-                    job, kind, size = tag
+                    job, kind, size, _ = tag
                     self._ahead[(job, kind)] -= size
                     self.totals[kind].wasted += size
-                    wasted.append(tag)
+                    wasted.append((job, kind, size))
         for job, kind, size in wasted:
             self._to_job(job, kind, "wasted", size)
 
@@ -116,6 +125,12 @@ class PrefetchStats:
             setattr(counters, what, getattr(counters, what) + nbytes)
 
         self.jobs.update(job, add)
+
+    def held(self, cid: bytes) -> bool:
+        """Whether ``cid`` was prefetched into its owner's cache and is not read yet."""
+        with self._lock:
+            tag = self._outstanding.get(cid)
+            return tag is not None and tag[3]
 
     def outstanding_bytes(self, job: str | None, kind: str) -> int:
         """Bytes ``job`` prefetched of ``kind`` and has not read yet (and are not known evicted)."""

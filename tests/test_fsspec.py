@@ -208,6 +208,27 @@ def test_cat_ranges_is_one_request_per_batch(hub: Hub, admin_fs, source):
         admin_fs.cat_ranges([paths[0], f"{repo}@main/nope.bin"], 0, 10, on_error="raise")
 
 
+def entry_requests(metrics: str) -> float:
+    return metric_value(metrics, "fabric_http_requests_total", method="GET", route="/api/v1/repos/{repo}/refs/{ref}/entry")
+
+
+def test_files_read_at_a_commit_id_are_looked_up_once(hub: Hub, source):
+    """A commit never changes: reading its files again (a dataset's next epoch) asks for no
+    entry again; reading through a branch always asks (the branch may have moved)."""
+    repo, files = source
+    fs = new_fs(hub.url, hub.token)
+    names = sorted(p for p in files if p.startswith("samples/"))
+    pinned = fs.pin(f"fabric://{repo}@main")
+    before = entry_requests(hub.metrics())
+    for _ in range(3):
+        assert fs.cat([f"{pinned}/{p}" for p in names]) == {fs._strip_protocol(f"{pinned}/{p}"): files[p] for p in names}
+    assert entry_requests(hub.metrics()) - before == len(names)
+    before = entry_requests(hub.metrics())
+    for _ in range(2):
+        fs.cat_file(f"{repo}@main/{names[0]}")
+    assert entry_requests(hub.metrics()) - before == 2
+
+
 def test_listing_info_find_glob_du(hub: Hub, admin_fs, source):
     repo, files = source
     root = f"{repo}@main"

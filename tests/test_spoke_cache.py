@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from fabric.format import frames
 from tests.hubserver import Hub, unique_name
 from tests.spokeserver import (
     Spoke,
@@ -262,3 +263,26 @@ def test_corrupt_metadata_in_the_cache_is_refetched_not_an_error(corrupt_setup) 
     for path, data in files.items():
         assert b"".join(plane.read_stream(repo, commit, path)) == data
     assert spoke.stats()["cache_corruptions"] >= 1
+
+
+def test_frames_evicted_before_they_are_sent_are_still_served(hub: Hub, tmp_path) -> None:
+    """Readers that fetch more at once than the cache's admission window holds (here 2 MiB
+    caches, 0.2 MiB of window, 4 readers of 6 MiB files through ``/chunks/frames``) get every
+    frame: one evicted between its fetch and its turn to be sent is served from the bytes the
+    request holds, not refused."""
+    files = {f"f{i}.bin": random_bytes(6 * MiB, 4100 + i) for i in range(4)}
+    repo = unique_name("evicted")
+    upload(hub, repo, files)
+    with start_spoke(hub.url, tmp_path / "cache", str(2 * MiB), token=hub.token) as spoke:
+
+        def read_by_frames(path: str) -> bytes:
+            plane = spoke.plane()
+            entry = plane.stat_chunks(repo, "main", path)
+            ids = [cid for cid, _ in entry.chunks]
+            got = dict(plane.frames(ids, repo=repo))
+            return b"".join(frames.decode(got[cid], cid) for cid in ids)
+
+        with ThreadPoolExecutor(4) as ex:
+            for path, data in zip(files, ex.map(read_by_frames, files)):
+                assert hashlib.sha256(data).digest() == hashlib.sha256(files[path]).digest(), path
+        assert spoke.stats()["cache_bytes"] <= 2 * MiB

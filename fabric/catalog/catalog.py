@@ -587,3 +587,4 @@ class Catalog:
             cur.execute("DELETE FROM buckets WHERE name = ?", (name,))
             if cur.rowcount == 0:
                 raise NotFound(f"bucket {name!r} does not exist (see `fabric bucket list`)")
+            cur.execute("DELETE FROM bucket_locations WHERE name = ?", (name,))

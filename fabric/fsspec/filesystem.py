@@ -40,6 +40,7 @@ from fabric.format.links import NAMES
 from fabric.format.model import DIR, FILE, SYMLINK, Entry, stored_ids
 from fabric.format.namespace import visible
 from fabric.fsspec import chunks
+from fabric.fsspec.entries import CommitEntries, is_commit_id
 from fabric.fsspec.errors import fs_errors, is_a_directory, not_a_directory, not_found
 from fabric.fsspec.files import FabricReadFile, FabricWriteFile
 from fabric.fsspec.locations import Location, parse
@@ -80,6 +81,7 @@ class FabricFileSystem(AbstractFileSystem):
         self.commit_message = commit
         self._default_branch: dict[str, str] = {}
         self._branches: dict[str, set[str]] = {}
+        self._at_commit = CommitEntries()
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
@@ -257,7 +259,11 @@ class FabricFileSystem(AbstractFileSystem):
         with fs_errors(path):
             ref = self._ref(loc)
             try:
-                entry = self.plane.stat_chunks(loc.repo, ref, loc.key)
+                entry = self._at_commit.get(loc.repo, ref, loc.key)
+                if entry is None:
+                    entry = self.plane.stat_chunks(loc.repo, ref, loc.key)
+                    if is_commit_id(ref):
+                        self._at_commit.put(loc.repo, ref, loc.key, entry)
             except errors.NotFound:
                 if self._has_below(loc, ref):
                     raise is_a_directory(path) from None

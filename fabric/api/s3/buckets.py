@@ -11,7 +11,7 @@ from fabric.api.s3.acl import NOTE_HEADER, PER_TOKEN, acl_document, check_owner_
 from fabric.api.s3.auth import require
 from fabric.api.s3.bucketnames import check_bucket_name, repo_for_bucket
 from fabric.api.s3.errors import S3Error, from_fabric
-from fabric.api.s3.locations import BucketLocations
+from fabric.api.s3.locations import BucketLocations, Locations, valid_constraint
 from fabric.api.s3.namespace import Bucket, Namespace
 from fabric.api.s3.request import Ctx, iso8601, owner_xml, xml_response
 from fabric.api.s3.transport import Response
@@ -26,7 +26,7 @@ MAX_BUCKETS = 10000
 
 class BucketHandlers:
     def __init__(
-        self, plane: DataPlane, namespace: Namespace, region: str, locations: BucketLocations | None = None
+        self, plane: DataPlane, namespace: Namespace, region: str, locations: Locations | None = None
     ) -> None:
         self.plane = plane
         self.namespace = namespace
@@ -57,6 +57,12 @@ class BucketHandlers:
     def create_bucket(self, ctx: Ctx, name: str) -> Response:
         check_bucket_name(name)
         constraint = X.parse_location(ctx.read_small(1 << 20)) or None
+        if constraint is not None and not valid_constraint(constraint):
+            raise S3Error(
+                "InvalidLocationConstraint",
+                "The specified location-constraint is not valid: a region name (letters, digits and '-', at most 64)",
+                400,
+            )
         existing = self.namespace.resolve_bucket(name)
         if existing is not None:
             if not ctx.who.can(existing.repo, "admin"):

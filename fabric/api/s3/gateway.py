@@ -18,7 +18,8 @@ serve it unchanged over their own plane. It needs three things from its host:
   cached for a few seconds.
 
 Multipart state lives in ``uploads`` (the hub passes one in its catalog, so every
-hub process serves every upload) or, by default, in ``state_dir`` (SQLite); objects written over S3 land
+hub process serves every upload) or, by default, in ``state_dir`` (SQLite); bucket
+locations likewise in ``locations`` or a file in ``state_dir``. Objects written over S3 land
 in the branch's staging area and are committed through REST/CLI, or by the
 gateway itself with ``autocommit`` (``0``: after every write; ``N``: every N
 seconds for branches written to).
@@ -34,7 +35,7 @@ from fabric.api.s3.autocommit import AutoCommitter
 from fabric.api.s3.buckets import BucketHandlers
 from fabric.api.s3.dispatch import Dispatcher
 from fabric.api.s3.listing import Listing
-from fabric.api.s3.locations import BucketLocations
+from fabric.api.s3.locations import BucketLocations, Locations
 from fabric.api.s3.multipart import Uploads, UploadStore
 from fabric.api.s3.multipart_handlers import MultipartHandlers
 from fabric.api.s3.namespace import BindingLookup, Namespace, plane_bindings
@@ -61,6 +62,7 @@ class S3Gateway:
         workers: int = 32,
         upload_expiry: float = 7 * 24 * 3600.0,
         uploads: UploadStore | None = None,
+        locations: Locations | None = None,
     ) -> None:
         self.plane = plane
         self.uploads = uploads if uploads is not None else Uploads(state_dir)
@@ -73,7 +75,7 @@ class S3Gateway:
             Authenticator(credentials),
             namespace,
             self.stats,
-            BucketHandlers(plane, namespace, region, BucketLocations(state_dir)),
+            BucketHandlers(plane, namespace, region, locations if locations is not None else BucketLocations(state_dir)),
             Listing(plane),
             objects,
             self.multipart,

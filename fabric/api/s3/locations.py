@@ -1,19 +1,40 @@
-"""The LocationConstraint each bucket was created with, kept by the gateway itself.
+"""The LocationConstraint each bucket was created with.
 
-A small JSON file in the gateway's state directory (in memory only without one),
-like the gateway's multipart state: a hub and each spoke keep their own, so a
-bucket's location is known to the gateway it was created through (the others
-answer their own region). Entries are keyed by bucket name and creation time, so
-a bucket deleted and re-created another way does not inherit a location.
+:class:`Locations` is what the gateway needs; :class:`BucketLocations` keeps them in a
+small JSON file in the gateway's state directory (in memory only without one), like a
+spoke gateway's multipart state: each spoke keeps its own, so a bucket's location is
+known to the spoke it was created through (the others answer their own region). A hub
+keeps them in its catalog (:class:`fabric.catalog.locations.LocationStore`), so every
+hub process answers alike. Entries are keyed by bucket name and creation time, so a
+bucket deleted and re-created another way does not inherit a location.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
+from typing import Protocol
 
 FILE_NAME = "bucket-locations.json"
+#: What a LocationConstraint may be: a region name (``eu-west-1``, the legacy ``EU``).
+_CONSTRAINT = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
+
+
+def valid_constraint(value: str) -> bool:
+    """Whether ``value`` may be a bucket's LocationConstraint (a region name)."""
+    return _CONSTRAINT.fullmatch(value) is not None
+
+
+class Locations(Protocol):
+    def get(self, bucket: str, created: float) -> str | None:
+        """The constraint bucket ``bucket`` (created at ``created``) was created with, if any."""
+        ...
+
+    def put(self, bucket: str, created: float, constraint: str) -> None: ...
+
+    def drop(self, bucket: str) -> None: ...
 
 
 class BucketLocations:
