@@ -18,8 +18,9 @@ JOB_HEADER = "X-Fabric-Job"
 JOB_ENV = "FABRIC_JOB"
 #: Paths in one hint (a longer order is sent in several calls with ``append``).
 MAX_HINT_PATHS = 100_000
-#: The largest JSON body of one hint (refused, 413, before it is parsed).
-MAX_HINT_BYTES = 16 * 1024 * 1024
+#: The largest JSON body of one hint (refused, 413, before it is parsed): the bound of every
+#: JSON route (``fabric.api.routing.MAX_JSON_BYTES``; this layer cannot import it).
+MAX_HINT_BYTES = 4 * 1024 * 1024
 
 _JOB_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 
