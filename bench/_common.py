@@ -131,6 +131,11 @@ def spread(xs: list[float]) -> str:
     return f"{median(xs):.2f} ({min(xs):.2f}..{max(xs):.2f})"
 
 
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages, as ``/proc/loadavg`` shows them."""
+    return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
 def machine() -> dict:
     info = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -173,6 +178,16 @@ def save_json(path: str, data: dict) -> None:
     with open(path, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
+
+
+def save_report(text: str, data: dict, json_out: str | None, md_out: str | None) -> None:
+    """A benchmark's results: ``data`` as JSON to ``json_out``, its rendered ``text`` to ``md_out`` (each if given)."""
+    if json_out:
+        save_json(json_out, data)
+    if md_out:
+        os.makedirs(os.path.dirname(os.path.abspath(md_out)), exist_ok=True)
+        with open(md_out, "w") as f:
+            f.write(text)
 
 
 def last_json_line(text: str, key: str | None = None, value: str | None = None) -> dict:

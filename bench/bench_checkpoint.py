@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_json, stop_process, unmount
+from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_report, stop_process, unmount
 
 # testbed/ (and bench_s3's fabric imports) from the revision measured: the working tree, or run_all.sh --rev's snapshot.
 sys.path.insert(0, FABRIC_SRC)
@@ -630,12 +630,7 @@ def main() -> None:
     }
     text = render(report)
     print(text)
-    if args.json_out:
-        save_json(args.json_out, report)
-    if args.md_out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.md_out)), exist_ok=True)
-        with open(args.md_out, "w") as f:
-            f.write(text)
+    save_report(text, report, args.json_out, args.md_out)
 
 
 if __name__ == "__main__":

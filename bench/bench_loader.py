@@ -89,6 +89,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,7 +101,20 @@ from dataclasses import dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _common import FABRIC_SRC, MB, REPO_ROOT, fabric_env, machine, median, remove, save_json, stop_process, unmount
+from _common import (
+    FABRIC_SRC,
+    MB,
+    REPO_ROOT,
+    fabric_cmd,
+    fabric_env,
+    loadavg,
+    machine,
+    median,
+    remove,
+    save_report,
+    stop_process,
+    unmount,
+)
 
 MiB = 1024 * 1024
 KiB = 1024
@@ -652,12 +666,11 @@ def hub_with_data(args: argparse.Namespace, work: str, workloads: list[Workload]
         stack.callback(stop_process, proc)
         hub = Hub(url, token)
         stack.callback(hub.close)
-        cli = [args.python, "-m", "fabric.cli.main"]
         for repo, tree in {wl.repo: wl.tree for wl in workloads}.items():
             hub.create_repo(repo)
-            out = subprocess.run([*cli, "--server", url, "--token", token, "-q", "--json", "import", tree, f"{repo}@main",
-                                  "-m", "bench loader"], env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, text=True,
-                                 check=False)
+            out = subprocess.run([*fabric_cmd(args.python), "--server", url, "--token", token, "-q", "--json", "import", tree,
+                                  f"{repo}@main", "-m", "bench loader"], env=fabric_env(), cwd=FABRIC_SRC, capture_output=True,
+                                 text=True, check=False)
             if out.returncode != 0:
                 raise SystemExit(f"import of {repo} failed: {out.stderr[-3000:]}")
             commit = json.loads(out.stdout)["commit_id"]
@@ -687,7 +700,7 @@ def make_workloads(args: argparse.Namespace) -> list[Workload]:
 
 
 def measure(args: argparse.Namespace, work: str) -> tuple[list[dict], dict[str, str]]:
-    from testbed.wanproxy import WanProxy
+    from bench_remote import wan
 
     workloads = make_workloads(args)
     rows: list[dict] = []
@@ -695,13 +708,8 @@ def measure(args: argparse.Namespace, work: str) -> tuple[list[dict], dict[str, 
     with hub_with_data(args, work, workloads) as (hub_url, hub_s3, keys, token):
         for rate in args.rates:
             with contextlib.ExitStack() as stack:
-                links = []
-                for url in (hub_url, hub_s3):
-                    proxy = WanProxy("127.0.0.1", int(url.rsplit(":", 1)[1]), delay_ms_up=args.rtt_ms / 2,
-                                     delay_ms_down=args.rtt_ms / 2, rate_mbit=rate).start()
-                    stack.callback(proxy.stop)
-                    links.append(proxy)
-                env = Env(args, work, hub_url, token, keys, rate, links[0], links[1], [args.python, "-m", "fabric.cli.main"])
+                links = [stack.enter_context(wan(int(url.rsplit(":", 1)[1]), args.rtt_ms, rate)) for url in (hub_url, hub_s3)]
+                env = Env(args, work, hub_url, token, keys, rate, links[0], links[1], fabric_cmd(args.python))
                 for rnd in range(args.runs):
                     for wl in workloads:
                         names = [n for n in args.readers if n in wl.readers]
@@ -948,21 +956,21 @@ def main() -> None:
         return
     args = parse_args()
     for tool in ("rclone", "fusermount3"):
-        if "rclone" in args.readers and not __import__("shutil").which(tool):
+        if "rclone" in args.readers and not shutil.which(tool):
             raise SystemExit(f"bench_loader.py: {tool} is not on PATH")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.path.insert(0, FABRIC_SRC)
     work = os.path.join(args.work, "loader")
     remove(work)
     os.makedirs(work)
-    loadavg = " ".join(open("/proc/loadavg").read().split()[:3])  # noqa: SIM115
+    load = loadavg()
     rows, commands = measure(args, work)
     if not args.keep_work:
         remove(work)
     summary = summarize(rows)
     report = {
         "machine": machine(),
-        "loadavg": loadavg,
+        "loadavg": load,
         "rclone_version": subprocess.run(["rclone", "version"], capture_output=True, text=True, check=False).stdout.split("\n")[0],
         "params": {k: getattr(args, k) for k in ("rates", "rtt_ms", "runs", "epochs", "load", "thrash_load", "large_files",
                                                  "large_mib", "small_files", "compute_large", "compute_small", "workers",
@@ -975,12 +983,7 @@ def main() -> None:
     report["goals"] = goals(summary, args)
     text = render(report)
     print(text)
-    if args.json_out:
-        save_json(args.json_out, report)
-    if args.md_out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.md_out)), exist_ok=True)
-        with open(args.md_out, "w") as f:
-            f.write(text)
+    save_report(text, report, args.json_out, args.md_out)
 
 
 if __name__ == "__main__":

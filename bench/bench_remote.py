@@ -39,7 +39,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -50,12 +50,13 @@ from _common import (
     Timed,
     fabric_cmd,
     fabric_env,
+    loadavg,
     machine,
     median,
     remove,
     run,
     run_timed,
-    save_json,
+    save_report,
     stop_process,
     with_retries,
 )
@@ -68,10 +69,6 @@ WORK = os.path.join(HERE, "work")
 
 
 # -- environment --------------------------------------------------------------------------
-def loadavg() -> str:
-    return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -135,19 +132,32 @@ def warm_page_cache(*dirs: str) -> None:
 
 # -- servers ------------------------------------------------------------------------------
 class Hub:
-    """``fabric hub --data DIR --listen 127.0.0.1:PORT`` (a process this benchmark owns)."""
+    """``fabric hub --data DIR --listen 127.0.0.1:PORT`` (a process this benchmark owns).
 
-    def __init__(self, python: str, data: str) -> None:
+    ``args``: more ``fabric hub`` options (e.g. ``--db``, ``--store``); ``s3``: also serve the
+    S3 API (``--s3-listen``, its URL in ``self.s3``); ``env``: the hub's environment.
+    """
+
+    def __init__(self, python: str, data: str, args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 s3: bool = False) -> None:
         self.python, self.data = python, data
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data.rstrip("/") + ".hub.log"
+        extra = list(args)
+        if s3:
+            s3port = free_port()
+            self.s3 = f"http://127.0.0.1:{s3port}"
+            extra += ["--s3-listen", f"127.0.0.1:{s3port}"]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                fabric_cmd(python) + ["hub", "--data", data, "--listen", f"127.0.0.1:{self.port}", "--log-level", "warning"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=fabric_env(),
+                fabric_cmd(python) + ["hub", "--data", data, "--listen", f"127.0.0.1:{self.port}", "--log-level", "warning",
+                                      *extra],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env or fabric_env(),
             )
         wait_http(self.url + "/healthz", self.proc, self.log)
+        if s3:
+            wait_http(self.s3 + "/_fabric/healthz", self.proc, self.log)
         with open(os.path.join(data, "admin.token")) as f:
             self.token = f.read().strip()
 
@@ -175,17 +185,23 @@ class Hub:
 
 
 class Spoke:
-    """``fabric spoke --hub URL --cache DIR --cache-size SIZE --listen ... --token T``."""
+    """``fabric spoke --hub URL --cache DIR --cache-size SIZE --listen ... --token T``.
 
-    def __init__(self, python: str, hub_url: str, cache: str, cache_size: str, token: str) -> None:
+    ``port``: listen there (one chosen beforehand, e.g. for ``--advertise``); ``args``: more
+    ``fabric spoke`` options.
+    """
+
+    def __init__(self, python: str, hub_url: str, cache: str, cache_size: str, token: str, port: int | None = None,
+                 args: Sequence[str] = ()) -> None:
         self.python, self.token = python, token
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = cache.rstrip("/") + ".spoke.log"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 fabric_cmd(python) + ["spoke", "--hub", hub_url, "--cache", cache, "--cache-size", cache_size,
-                                      "--listen", f"127.0.0.1:{self.port}", "--token", token, "--log-level", "warning"],
+                                      "--listen", f"127.0.0.1:{self.port}", "--token", token, "--log-level", "warning",
+                                      *args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=fabric_env(),
             )
         wait_http(self.url + "/healthz", self.proc, self.log)
@@ -193,10 +209,11 @@ class Spoke:
     def cli(self, *args: str) -> list[str]:
         return fabric_cmd(self.python) + ["--server", self.url, "--token", self.token, "-q", "--json", *args]
 
-    def stats(self) -> dict:
+    def stats(self, token: str | None = None) -> dict:
+        """``GET /api/v1/stats`` with the spoke's token (or ``token``)."""
         import httpx
 
-        r = httpx.get(self.url + "/api/v1/stats", headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
+        r = httpx.get(self.url + "/api/v1/stats", headers={"Authorization": f"Bearer {token or self.token}"}, timeout=60)
         r.raise_for_status()
         return r.json()
 
@@ -515,12 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join(["python", "bench/bench_remote.py", *(argv if argv is not None else sys.argv[1:])]),
     }
     md = render(results)
-    if a.json_out:
-        save_json(a.json_out, results)
-    if a.md_out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.md_out)), exist_ok=True)
-        with open(a.md_out, "w") as f:
-            f.write(md)
+    save_report(md, results, a.json_out, a.md_out)
     print(md)
     return 0
 

@@ -51,7 +51,6 @@ import multiprocessing as mp
 import os
 import random
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -67,16 +66,17 @@ from _common import (
     Timed,
     fabric_cmd,
     fabric_env,
+    loadavg,
     machine,
     median,
     remove,
     run,
     run_timed,
     save_json,
-    stop_process,
+    save_report,
     with_retries,
 )
-from bench_remote import WORK, Hub, Moto, free_port, loadavg, proc_cpu, wait_http, wan, wire
+from bench_remote import WORK, Hub, Moto, Spoke, free_port, proc_cpu, wan, wire
 
 # fabric and tests/ from the revision measured: the working tree, or run_all.sh --rev's snapshot.
 sys.path.insert(0, FABRIC_SRC)
@@ -114,43 +114,17 @@ def ensure_dataset(mib: int, seed: int) -> dict:
 def compressed_bytes(hub: Hub) -> tuple[int, int]:
     """(bytes of the stored frames of every chunk of bench@main, number of chunks), as the hub serves them."""
     from fabric.client.http import HttpPlane
-    from tests.spokeserver import commit_chunks, frame_bytes
+    from tests.spokeserver import chunk_ids, frame_bytes
 
     plane = HttpPlane(hub.url, hub.token)
     try:
-        ids = list(dict.fromkeys(c for chunk_ids in commit_chunks(plane, "bench", "main").values() for c in chunk_ids))
+        ids = chunk_ids(plane, "bench", "main")
         return frame_bytes(plane, ids), len(ids)
     finally:
         plane.close()
 
 
-class RegionSpoke:
-    """``fabric spoke`` on a port chosen beforehand (so group members can advertise it), in front of the WAN."""
-
-    def __init__(self, python: str, hub_url: str, cache: str, token: str, port: int, args: list[str]) -> None:
-        self.token, self.port = token, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = cache.rstrip("/") + ".spoke.log"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                fabric_cmd(python) + ["spoke", "--hub", hub_url, "--cache", cache, "--cache-size", "4GiB",
-                                      "--listen", f"127.0.0.1:{port}", "--token", token, "--log-level", "warning", *args],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=fabric_env(), cwd=FABRIC_SRC,
-            )
-        wait_http(self.url + "/healthz", self.proc, self.log)
-
-    def stats(self, token: str | None = None) -> dict:
-        import httpx
-
-        r = httpx.get(self.url + "/api/v1/stats", headers={"Authorization": f"Bearer {token or self.token}"}, timeout=60)
-        r.raise_for_status()
-        return r.json()
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-
-
-def wait_members(spokes: list[RegionSpoke], n: int, timeout: float = 30.0) -> None:
+def wait_members(spokes: list[Spoke], n: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if all(len(s.stats()["group"]["members"]) == n for s in spokes):
@@ -201,13 +175,13 @@ def region_cell(a: argparse.Namespace, ctx: dict, layout: str, readers: int, r: 
     hub = ctx["hub"]
     ports = [free_port() for _ in range(1 if layout == "single" else 3)]
     group = f"region-{uuid.uuid4().hex[:8]}"
-    spokes: list[RegionSpoke] = []
+    spokes: list[Spoke] = []
     try:
         with wan(hub.port, a.rtt_ms, a.rate_mbit) as proxy:
-            for i, port in enumerate(ports):
+            for i, port in enumerate(ports):  # chosen beforehand, so that group members can advertise them
                 args = ["--group", group, "--advertise", f"http://127.0.0.1:{port}"] if layout == "group" else []
-                spokes.append(RegionSpoke(a.python, proxy.url_for(), os.path.join(base, f"cache{i}"), ctx["spoke_token"],
-                                          port, args))
+                spokes.append(Spoke(a.python, proxy.url_for(), os.path.join(base, f"cache{i}"), "4GiB", ctx["spoke_token"],
+                                    port=port, args=args))
             if layout == "group":
                 wait_members(spokes, len(spokes))
             for s in spokes:
@@ -423,29 +397,7 @@ def postmaster_pid(db_url: str) -> int | None:
         return None
 
 
-class S3HubProc:
-    """``fabric hub --db URL --store URL --s3-listen``: one process of a hub sharing catalog and store."""
-
-    def __init__(self, python: str, data: str, db: str, store: str, env: dict) -> None:
-        self.port, s3port = free_port(), free_port()
-        self.url, self.s3 = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{s3port}"
-        self.log = data.rstrip("/") + ".hub.log"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                fabric_cmd(python) + ["hub", "--data", data, "--db", db, "--store", store, "--listen", f"127.0.0.1:{self.port}",
-                                      "--s3-listen", f"127.0.0.1:{s3port}", "--log-level", "warning"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=FABRIC_SRC,
-            )
-        wait_http(self.url + "/healthz", self.proc, self.log)
-        wait_http(self.s3 + "/_fabric/healthz", self.proc, self.log)
-        with open(os.path.join(data, "admin.token")) as f:
-            self.token = f.read().strip()
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-
-
-def check_round_trip(hubs: list[S3HubProc], ak: str, sk: str) -> None:
+def check_round_trip(hubs: list[Hub], ak: str, sk: str) -> None:
     """A PUT through each hub reads back through every hub (the bucket binding is cached up to 2 s per process)."""
     import httpx
 
@@ -480,10 +432,10 @@ def hubs_cell(a: argparse.Namespace, ctx: dict, n_hubs: int, r: int) -> dict:
     store = (f"s3://{ctx['bucket']}/{prefix}?endpoint_url={ctx['moto'].url}&region=us-east-1" if a.pack_store == "moto"
              else os.path.join(base, "packs"))
     env = {**fabric_env(), **DUMMY_AWS_ENV}
-    hubs: list[S3HubProc] = []
+    hubs: list[Hub] = []
     try:
-        for i in range(n_hubs):
-            hubs.append(S3HubProc(a.python, os.path.join(base, f"hub{i}"), db, store, env))
+        for i in range(n_hubs):  # one hub served by n_hubs processes: one catalog, one pack store
+            hubs.append(Hub(a.python, os.path.join(base, f"hub{i}"), ["--db", db, "--store", store], env, s3=True))
         tok = httpx.post(hubs[0].url + "/api/v1/tokens", json={"name": "bench", "admin": True},
                          headers={"Authorization": f"Bearer {hubs[0].token}"}, timeout=30).json()
         ak, sk = tok["s3_access_key_id"], tok["s3_secret_access_key"]
@@ -689,12 +641,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds = hubs_rounds(a, ctx)
         results["hubs"] = {"postgres": ctx["postgres"], "rounds": rounds, "summary": summarize_hubs(rounds)}
     md = render(results)
-    if a.json_out:
-        save_json(a.json_out, results)
-    if a.md_out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.md_out)), exist_ok=True)
-        with open(a.md_out, "w") as f:
-            f.write(md)
+    save_report(md, results, a.json_out, a.md_out)
     print(md)
     return 0
 

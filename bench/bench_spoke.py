@@ -53,12 +53,13 @@ from _common import (
     MB,
     fabric_cmd,
     fabric_env,
+    loadavg,
     machine,
     median,
     remove,
     run,
     run_timed,
-    save_json,
+    save_report,
     with_retries,
 )
 from bench_remote import (
@@ -70,7 +71,6 @@ from bench_remote import (
     Spoke,
     ensure_versions,
     load_manifest,
-    loadavg,
     rclone_env,
     rsync_stats,
     timed_phase,
@@ -488,12 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join(["python", "bench/bench_spoke.py", *(argv if argv is not None else sys.argv[1:])]),
     }
     md = render(results)
-    if a.json_out:
-        save_json(a.json_out, results)
-    if a.md_out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.md_out)), exist_ok=True)
-        with open(a.md_out, "w") as f:
-            f.write(md)
+    save_report(md, results, a.json_out, a.md_out)
     print(md)
     return 0
 

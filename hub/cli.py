@@ -115,7 +115,7 @@ def hub(
     from .s3 import create_s3_app
 
     s3_app = create_s3_app(
-        engine, tokens, data_dir, auth=not no_auth, autocommit=s3_autocommit, access_log=log_level in ("debug", "info")
+        engine, tokens, auth=not no_auth, autocommit=s3_autocommit, access_log=log_level in ("debug", "info")
     )
     s3_config = s3_uvicorn_config(s3_app, s3_addr[0], s3_addr[1], log_level, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
     log.info("S3 API on %s://%s:%d", "https" if tls_cert else "http", s3_addr[0], s3_addr[1])

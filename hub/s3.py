@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from fabric.api.s3 import S3Gateway
 from fabric.api.s3.auth import SecretCredentials
 from fabric.auth.tokens import TokenStore
@@ -15,8 +13,7 @@ from .owners import OwningPlane
 
 
 def create_s3_app(
-    engine: Engine, tokens: TokenStore, data_dir: str, auth: bool = True, autocommit: float | None = None,
-    access_log: bool = True,
+    engine: Engine, tokens: TokenStore, auth: bool = True, autocommit: float | None = None, access_log: bool = True
 ) -> S3Gateway:
     """The hub's S3 gateway; multipart uploads and bucket locations are kept in the catalog
     (any hub process on it serves them). Buckets created over S3 belong to the
@@ -24,7 +21,6 @@ def create_s3_app(
     return S3Gateway(
         OwningPlane(engine, tokens),
         SecretCredentials(tokens.s3_principal) if auth else None,
-        state_dir=os.path.join(data_dir, "s3"),
         autocommit=autocommit,
         access_log_enabled=access_log,
         uploads=UploadStore(engine.catalog.db),

@@ -12,10 +12,11 @@
   prefetches carry the job and kind that asked for them, so their accuracy,
   coverage and waste are known (:class:`~spoke.prefetch_stats.PrefetchStats`).
   Listeners (:meth:`FetchScheduler.on_demand`) see the ids each job demand-reads.
-- In a spoke group, a prefetch batch goes through ``held_frames``
-  (:meth:`spoke.peers.GroupFetch.fetch`): a frame its owner sent is held in the owner's
-  cache, so it is handed to any waiting reader but not cached here, and not prefetched
-  again while it is outstanding; demand reads of it come from the owner.
+- In a spoke group, batches go through ``group_frames`` (:meth:`spoke.peers.GroupFetch.fetch`),
+  which hands over a frame another spoke sent with its bytes, already verified (it is not
+  decoded again here). In a prefetch batch such a frame is held in its owner's cache, so it
+  is handed to any waiting reader but not cached here, and not prefetched again while it
+  is outstanding; demand reads of it come from the owner.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ IN_FLIGHT = -1
 SERVE_WINDOW = 32
 
 FetchFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes]]]
-#: ``ids -> (id, frame, held)``: ``held`` when another spoke sent the frame and keeps a copy.
-HeldFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes, bool]]]
+#: ``ids -> (id, frame, raw)``: ``raw``, the frame's bytes already verified, when another
+#: spoke of the group sent it (and keeps a copy); None when it came from the hub.
+GroupFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes, bytes | None]]]
 #: Told ``(job, ids)`` before a demand read of ``ids`` for ``job``.
 DemandListener = Callable[[str, Sequence[bytes]], None]
 
@@ -59,13 +61,13 @@ class FetchScheduler:
         workers: int = 4,
         batch_ids: int = 128,
         background_workers: int = 1,
-        held_frames: HeldFrames | None = None,
+        group_frames: GroupFrames | None = None,
     ) -> None:
         """``background_workers``: how many workers may fetch BACKGROUND batches at once (at
-        least one); the others stay free for more urgent reads. ``held_frames``: how a
-        prefetch batch is fetched in a spoke group (see the module's docstring)."""
+        least one); the others stay free for more urgent reads. ``group_frames``: how a
+        batch is fetched in a spoke group, instead of ``fetch_frames`` (see the module's docstring)."""
         self._fetch = fetch_frames
-        self._held_frames = held_frames
+        self._group_frames = group_frames
         self.cache = cache
         self.traffic = traffic
         self.batch_ids = batch_ids
@@ -300,8 +302,9 @@ class FetchScheduler:
         got: set[bytes] = set()
         try:
             with self.traffic.purpose(purpose):
-                for cid, frame, held in self._frames(ids, fetch, purpose):
-                    raw = frames.decode(frame, cid)  # checksum and id, before caching
+                for cid, frame, verified in self._frames(ids, fetch):
+                    raw = frames.decode(frame, cid) if verified is None else verified  # checksum and id, before caching
+                    held = verified is not None and purpose == PREFETCH  # a prefetch a peer sent fills its cache only
                     if not held:
                         self.cache.put(cid, frame)
                     got.add(cid)
@@ -320,12 +323,11 @@ class FetchScheduler:
                 if cid not in got:
                     self._fail(cid, exc)
 
-    def _frames(self, ids: list[bytes], fetch: FetchFrames | None, purpose: str) -> Iterator[tuple[bytes, bytes, bool]]:
-        """The batch's frames, each with whether another spoke holds it (only for a
-        prefetch batch through ``held_frames``)."""
-        if fetch is None and purpose == PREFETCH and self._held_frames is not None:
-            return self._held_frames(ids)
-        return ((cid, frame, False) for cid, frame in (fetch or self._fetch)(ids))
+    def _frames(self, ids: list[bytes], fetch: FetchFrames | None) -> Iterator[tuple[bytes, bytes, bytes | None]]:
+        """The batch's frames, each with its verified bytes when a peer of the group sent it."""
+        if fetch is None and self._group_frames is not None:
+            return self._group_frames(ids)
+        return ((cid, frame, None) for cid, frame in (fetch or self._fetch)(ids))
 
     def _resolve(self, cid: bytes, raw: bytes) -> None:
         with self._cond:

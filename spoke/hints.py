@@ -162,11 +162,6 @@ class Lookahead:
                     order.last_active, order.dirty = time.monotonic(), True
                     self._cond.notify_all()
 
-    def positions(self, job: str) -> dict[str, tuple[int, int]]:
-        """Each repository's read position of ``job`` (file index, chunk index)."""
-        with self._cond:
-            return {repo: o.cursor for (j, repo), o in self._orders.items() if j == job}
-
     # -- the lookahead thread ---------------------------------------------------
     def _run(self) -> None:
         while True:

@@ -73,7 +73,7 @@ class _Session:
     repo: str
     ref: str
     dataset: Dataset | None = None
-    first: list[tuple[str, int]] = field(default_factory=list)  # opens before the prefix is fixed
+    first: list[str] = field(default_factory=list)  # paths opened before the prefix is fixed
     read: dict[str, int] = field(default_factory=dict)  # this epoch's files -> open number
     opens: int = 0
     last: str | None = None
@@ -188,7 +188,7 @@ class LearnedPrefetch:
         s.last = path
         s.files.append((path, size))
         if s.dataset is None:
-            self._place(s, path, size)
+            self._place(s, path)
         if s.dataset is not None:
             s.recent.append(path in s.dataset)
             s.ahead.pop(path, None)
@@ -202,17 +202,20 @@ class LearnedPrefetch:
         s.recent.clear()
         s.stopped = False
 
-    def _place(self, s: _Session, path: str, size: int) -> None:
+    def _place(self, s: _Session, path: str) -> None:
         """Find the session's dataset: a known one holding its first file, else one whose
         prefix its first opens fix."""
         if not s.first:
             s.dataset = self.store.find(s.repo, path)
         if s.dataset is None:
-            s.first.append((path, size))
+            s.first.append(path)
             if len(s.first) >= PREFIX_READS:
-                s.dataset = self.store.dataset(s.repo, common_directory([p for p, _ in s.first]), None)
-        if s.dataset is not None:
-            s.first.clear()
+                self._fix_prefix(s)
+
+    def _fix_prefix(self, s: _Session) -> None:
+        """The session's dataset: the one whose prefix holds every file of its first opens."""
+        s.dataset = self.store.dataset(s.repo, common_directory(s.first))
+        s.first.clear()
 
     def _prefetch(self, s: _Session) -> None:
         if not self.enabled or s.stopped:
@@ -262,8 +265,7 @@ class LearnedPrefetch:
 
     def _flush(self, s: _Session) -> None:
         if s.dataset is None and len(s.first) >= 2:  # a short job: its opens so far fix the prefix
-            s.dataset = self.store.dataset(s.repo, common_directory([p for p, _ in s.first]), None)
-            s.first.clear()
+            self._fix_prefix(s)
         if s.dataset is None or not (s.files or s.pairs):
             return
         files, pairs, s.files, s.pairs = s.files, s.pairs, [], []

@@ -1,6 +1,6 @@
 """Fetching chunks through a spoke group: each chunk from its owner, so it crosses the WAN once.
 
-:class:`GroupFetch` is the fetch scheduler's upstream call (``ids -> (id, frame)``)
+:meth:`GroupFetch.fetch` is the fetch scheduler's upstream call (``group_frames``)
 for a spoke in a group. It splits a batch by owner (:mod:`spoke.group`): ids this
 spoke owns go to the hub; the others go to their owner over the LAN, as a peer
 request (``X-Fabric-Peer: 1`` with this spoke's hub token, :mod:`fabric.api.peers`).
@@ -11,12 +11,12 @@ in the region. A prefetch (:meth:`GroupFetch.fetch` tells which frames an owner 
 fills only the owner's cache: the scheduler hands those frames to any reader already
 waiting and keeps no copy, so the job's reads of them come over the LAN from the owner.
 
-A peer's frames are verified (checksum and id) before they are passed on. An owner
-that cannot be reached, answers with an error, is slow (short timeouts) or sends a
-bad frame is marked down for :data:`DOWN_SECONDS`; the ids it did not send go to the
-next owner in rendezvous order that is up, or to the hub: never an error to the
-reader. An id the owner says is stored nowhere (404) is asked of the hub, whose
-answer is the reader's.
+A peer's frames are verified (checksum and id) before they are passed on, with their
+bytes, so the scheduler does not decode them again. An owner that cannot be reached,
+answers with an error, is slow (short timeouts) or sends a bad frame is marked down for
+:data:`DOWN_SECONDS`; the ids it did not send go to the next owner in rendezvous order
+that is up, or to the hub: never an error to the reader. An id the owner says is stored
+nowhere (404) is asked of the hub, whose answer is the reader's.
 
 A spoke asked by a peer fetches what it lacks from its hub, never from a third
 spoke (:meth:`spoke.plane.SpokePlane.frames`), in the request's own thread: a
@@ -53,6 +53,8 @@ DOWN_SECONDS = 10.0
 PEER_TIMEOUTS = Timeouts(connect=1.0, read=2.0, write=2.0, pool=2.0, slow=2.0)
 
 FetchFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes]]]
+#: ``(id, frame, raw)``: ``raw`` (verified) when an owner sent the frame, None when the hub did.
+Frames = Iterator[tuple[bytes, bytes, bytes | None]]
 
 
 class Members(Protocol):
@@ -117,16 +119,12 @@ class GroupFetch:
         return out
 
     # -- the scheduler's upstream call ---------------------------------------------
-    def __call__(self, ids: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
-        """``(id, frame)`` for ``ids`` (see :meth:`fetch`)."""
-        for cid, frame, _ in self.fetch(ids):
-            yield cid, frame
-
-    def fetch(self, ids: list[bytes]) -> Iterator[tuple[bytes, bytes, bool]]:
-        """``(id, frame, held)`` for ``ids``: this spoke's own from the hub and the others
+    def fetch(self, ids: list[bytes]) -> Frames:
+        """``(id, frame, raw)`` for ``ids``: this spoke's own from the hub and the others
         from their owners, all asked at once (one WAN round trip for the batch, not one per
         owner in turn); what an owner did not send comes from the next owner or the hub.
-        ``held``: an owner sent the frame, so it holds a copy in its cache.
+        ``raw``: the frame's bytes, verified, when an owner sent it (it holds a copy in its
+        cache); None for a frame of the hub.
 
         Own ids are asked at once too: a peer may be waiting for them (its request joins
         this fetch), so they must never wait on that peer's answer, or two spokes wait on
@@ -136,16 +134,16 @@ class GroupFetch:
         own = routes.pop(self.me, [])
         if not routes:
             for cid, frame in self._hub(own):
-                yield cid, frame, False
+                yield cid, frame, None
             return
-        sources: list[Callable[[], Iterator[tuple[bytes, bytes, bool]]]] = [
+        sources: list[Callable[[], Frames]] = [
             lambda peer=peer, asked=asked: self._from_owner(peer, asked, wanted, {peer}) for peer, asked in routes.items()
         ]
         if own:
-            sources.append(lambda: ((cid, frame, False) for cid, frame in self._hub(own)))
+            sources.append(lambda: ((cid, frame, None) for cid, frame in self._hub(own)))
         yield from _merged(sources)
 
-    def _from_owner(self, peer: str, asked: list[bytes], wanted: set[bytes], tried: set[str]) -> Iterator[tuple[bytes, bytes, bool]]:
+    def _from_owner(self, peer: str, asked: list[bytes], wanted: set[bytes], tried: set[str]) -> Frames:
         """``asked`` from ``peer``; what it does not send, from the next owner up or the hub."""
         got: set[bytes] = set()
         failure: BaseException | None = None
@@ -153,9 +151,9 @@ class GroupFetch:
             for cid, frame in self._client(peer).frames(asked):
                 if cid not in wanted or cid in got:
                     continue
-                frames.decode(frame, cid)  # a peer's frame is checked before it is passed on
+                raw = frames.decode(frame, cid)  # a peer's frame is checked before it is passed on
                 got.add(cid)
-                yield cid, frame, True
+                yield cid, frame, raw
         except NotFound:
             pass  # stored nowhere, says the peer's hub: ours has the last word
         except (FabricError, httpx.HTTPError, OSError) as exc:
@@ -173,7 +171,7 @@ class GroupFetch:
         for target, more in routes.items():
             if target == self.me:
                 for cid, frame in self._hub(more):
-                    yield cid, frame, False
+                    yield cid, frame, None
             else:
                 yield from self._from_owner(target, more, wanted, tried | {target})
 
@@ -208,7 +206,7 @@ class GroupFetch:
 _DONE = object()
 
 
-def _merged(sources: Sequence[Callable[[], Iterator[tuple[bytes, bytes, bool]]]]) -> Iterator[tuple[bytes, bytes, bool]]:
+def _merged(sources: Sequence[Callable[[], Frames]]) -> Frames:
     """The items of every source, each run in its own thread, in the order they arrive.
 
     Each thread runs in a copy of the caller's context (the traffic purpose its bytes are
@@ -226,7 +224,7 @@ def _merged(sources: Sequence[Callable[[], Iterator[tuple[bytes, bytes, bool]]]]
                 continue
         return False
 
-    def run(source: Callable[[], Iterator[tuple[bytes, bytes, bool]]]) -> None:
+    def run(source: Callable[[], Frames]) -> None:
         try:
             for item in source():
                 if not put(item):

@@ -32,7 +32,7 @@ from fabric.format import frames, packs
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
 from fabric.format.model import FILE, Commit, Entry, stored_ids
-from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix
+from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix, is_full_commit_id
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.metrics import MetricsPlane
 from fabric.plane.reads import check_hint
@@ -165,8 +165,8 @@ class SpokePlane(DataPlane):
         if self.membership is not None:
             self.group = GroupFetch(self.membership, self.upstream.frames, token, self.peer_traffic, peer_timeouts)
         self.fetcher = FetchScheduler(
-            self.group or self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers, background_workers=int(prefetch_share * fetch_workers),
-            held_frames=self.group.fetch if self.group is not None else None,  # prefetch fills the owners' caches
+            self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers, background_workers=int(prefetch_share * fetch_workers),
+            group_frames=self.group.fetch if self.group is not None else None,  # from the owners; prefetch fills their caches
         )
         self.reader = Reader(self.meta, self.trees, self.fetcher.read)
         window = default_window(self.chunk_cache.budget) if hint_window is None else hint_window
@@ -207,7 +207,7 @@ class SpokePlane(DataPlane):
         expr = parse_ref(ref)
         # A full commit id names immutable data: no ref lookup, so it is served while the hub is away
         # (branch names cannot look like one). A branch the hub cannot be asked about may be a known tag.
-        full_id = len(expr.base) == 64 and COMMIT_ID_RE.match(expr.base) is not None
+        full_id = is_full_commit_id(expr.base)
         try:
             commit, stale = (None, False) if full_id else self.tracker.ref(repo, "branch", expr.base)
         except Unavailable:

@@ -132,11 +132,6 @@ class PrefetchStats:
             tag = self._outstanding.get(cid)
             return tag is not None and tag[3]
 
-    def outstanding_bytes(self, job: str | None, kind: str) -> int:
-        """Bytes ``job`` prefetched of ``kind`` and has not read yet (and are not known evicted)."""
-        with self._lock:
-            return self._ahead.get((job or NO_JOB, kind), 0)
-
     def snapshot(self) -> dict:
         """Totals by kind, and each job's most bytes held ahead (by kind)."""
         self.sweep()

@@ -17,8 +17,8 @@ directory order, so a fixed order, a sorted walk and a shuffled epoch (which sti
 the working set) are all covered. Sequential reads within a file are the reader's
 readahead, not this module's.
 
-The commit a dataset was last read at is kept for information only: paths usually
-survive new commits, so the model is used across them (a path gone is skipped).
+The model is not tied to a commit: paths usually survive new commits, so it is used
+across them (a path gone is skipped).
 
 Persisted in SQLite in the spoke's cache directory (``workload.db``; synchronous
 ``normal``: a crash may lose the last few observations, never the database), so it
@@ -50,7 +50,6 @@ CREATE TABLE IF NOT EXISTS datasets (
     id INTEGER PRIMARY KEY,
     repo TEXT NOT NULL,
     prefix TEXT NOT NULL,
-    commit_id TEXT,
     used REAL NOT NULL,
     UNIQUE (repo, prefix)
 );
@@ -147,13 +146,13 @@ class WorkloadStore:
             self._loaded[did] = ds
         return ds
 
-    def dataset(self, repo: str, prefix: str, commit_id: str | None) -> Dataset:
+    def dataset(self, repo: str, prefix: str) -> Dataset:
         """The dataset ``repo``/``prefix`` (made if new)."""
         with self._db.transaction() as cur:
             cur.execute(
-                "INSERT INTO datasets (repo, prefix, commit_id, used) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (repo, prefix) DO UPDATE SET used = excluded.used, commit_id = excluded.commit_id",
-                (repo, prefix, commit_id, time.time()),
+                "INSERT INTO datasets (repo, prefix, used) VALUES (?, ?, ?) "
+                "ON CONFLICT (repo, prefix) DO UPDATE SET used = excluded.used",
+                (repo, prefix, time.time()),
             )
             did = cur.execute("SELECT id FROM datasets WHERE repo = ? AND prefix = ?", (repo, prefix)).fetchone()[0]
         return self.load(did, repo, prefix)

@@ -17,6 +17,7 @@ directory; on exit the spoke gets SIGTERM, then SIGKILL after 10 seconds.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from fabric.util.net import free_port
-from tests.hubserver import ROOT, hub_env, stop
+from tests.hubserver import ROOT, hub_env, stop, unique_name
 
 START_TIMEOUT = 60.0
 
@@ -157,13 +158,17 @@ def start_spoke(
     args: Sequence[str] = (),
     env: dict | None = None,
     port: int | None = None,
+    group: str | None = None,
 ) -> Iterator[Spoke]:
-    """``port``: listen there (e.g. one a test put in another spoke's arguments); default: a free one."""
+    """``port``: listen there (e.g. one a test put in another spoke's arguments); default: a free one.
+    ``group``: join that spoke group at the hub, advertising this spoke's URL."""
     cache = str(cache)
     os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
     port = port or free_port()
     log_path = os.path.abspath(cache).rstrip("/") + f".spoke.{port}.log"
     extra = list(args)
+    if group is not None:
+        extra += ["--group", group, "--advertise", f"http://127.0.0.1:{port}"]
     if lease is not None:
         extra += ["--lease", str(lease)]
     if durability is not None:
@@ -342,6 +347,34 @@ def frame_bytes(plane, ids) -> int:
         for _, frame in plane.frames(ids[i : i + 2000]):
             total += len(frame)
     return total
+
+
+def chunk_ids(plane, repo: str, ref: str) -> list[bytes]:
+    """Every distinct chunk id of the files at ``repo@ref``, in path order."""
+    return list(dict.fromkeys(cid for ids in commit_chunks(plane, repo, ref).values() for cid in ids))
+
+
+@dataclass
+class Dataset:
+    """Files committed to a repository of their own, as :func:`random_dataset` makes them."""
+
+    repo: str
+    commit: str
+    files: dict[str, bytes]
+    ids: list[bytes]  # its distinct chunk ids
+    frames: int  # stored (compressed) bytes of its chunks
+
+
+def random_dataset(plane, mib: int, seed: int, stem: str = "data") -> Dataset:
+    """``mib`` files of 1 MiB of random bytes (``part/NNN.bin``) in a new repository, committed."""
+    repo = unique_name(stem)
+    plane.create_repo(repo)
+    files = {f"part/{i:03d}.bin": random_bytes(1 << 20, seed + i) for i in range(mib)}
+    for path, data in files.items():
+        plane.put_object(repo, "main", path, io.BytesIO(data))
+    commit = plane.commit(repo, "main", "data").id
+    ids = chunk_ids(plane, repo, commit)
+    return Dataset(repo, commit, files, ids, frame_bytes(plane, ids))
 
 
 def commit_chunks(plane, repo: str, ref: str) -> dict[str, list[bytes]]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import random
-import threading
 
 import pytest
 
@@ -167,11 +167,8 @@ def test_budget_holds_with_plans_under_concurrent_readers(tmp_path) -> None:
             if rng.random() < 0.02:
                 cache.plan([key(j) for j in range(i, 300)], f"w{seed}")
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        list(pool.map(worker, range(6)))  # (a worker's exception fails the test)
     assert cache.used <= BUDGET
     on_disk = {bytes.fromhex(n) for _, _, names in os.walk(cache.root) for n in names}
     assert on_disk == set(cache.keys())

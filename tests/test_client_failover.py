@@ -57,6 +57,14 @@ def region(hub, tmp_path) -> Iterator[tuple[Spoke, Spoke]]:
         yield a, b
 
 
+@pytest.fixture
+def plane(hub, region) -> Iterator[HttpPlane]:
+    """A client of the region's spokes, then the hub (the order of the list)."""
+    client = HttpPlane(_servers(*(s.url for s in region), hub.url), hub.token)
+    yield client
+    client.close()
+
+
 def _servers(*urls: str) -> str:
     return ",".join(urls)
 
@@ -88,60 +96,48 @@ def _read_with_kill(pieces: Iterator[bytes], kill: Callable[[], None], kill_afte
             killed = True
 
 
-def test_nearest_healthy_is_chosen_and_every_server_gets_the_token(hub, region, dataset):
+def test_nearest_healthy_is_chosen_and_every_server_gets_the_token(hub, region, dataset, plane):
     a, b = region
     repo, _ = dataset
-    plane = HttpPlane(_servers(a.url, b.url, hub.url), hub.token)
-    try:
-        # All on loopback: round trips tie, so the list order decides.
-        assert plane.url == a.url, plane.servers.state()
-        assert [s["up"] for s in plane.servers.state()] == [True, True, True]
-        assert all(s["rtt_ms"] is not None for s in plane.servers.state())
-        assert plane.stat(repo, "main", "big.bin").size == SIZE
-        a.kill()
-        # Reads go on at b, with the same token (b checks it with the hub).
-        assert plane.stat(repo, "main", "big.bin").size == SIZE
-        assert plane.url == b.url
-        b.kill()
-        assert plane.stat(repo, "main", "big.bin").size == SIZE
-        assert plane.url == hub.url
-    finally:
-        plane.close()
+    # All on loopback: round trips tie, so the list order decides.
+    assert plane.url == a.url, plane.servers.state()
+    assert [s["up"] for s in plane.servers.state()] == [True, True, True]
+    assert all(s["rtt_ms"] is not None for s in plane.servers.state())
+    assert plane.stat(repo, "main", "big.bin").size == SIZE
+    a.kill()
+    # Reads go on at b, with the same token (b checks it with the hub).
+    assert plane.stat(repo, "main", "big.bin").size == SIZE
+    assert plane.url == b.url
+    b.kill()
+    assert plane.stat(repo, "main", "big.bin").size == SIZE
+    assert plane.url == hub.url
 
 
-def test_a_spoke_killed_mid_read_stream(hub, region, dataset):
+def test_a_spoke_killed_mid_read_stream(region, dataset, plane):
     repo, data = dataset
-    plane = HttpPlane(_servers(*(s.url for s in region), hub.url), hub.token)
-    try:
-        first = _current_spoke(region, plane)
-        got, pause = _read_with_kill(plane.read_stream(repo, "main", "big.bin"), first.kill, SIZE // 3)
-        assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
-        assert plane.servers.failovers >= 1 and plane.url != first.url
-        print(f"\nread_stream: failover pause after SIGKILL of {first.url}: {pause * 1000:.0f} ms")
-        # A ranged read through the new server; then every byte again with read().
-        assert plane.read(repo, "main", "big.bin", 5_000_000, 1_000_000) == data[5_000_000:6_000_000]
-        assert plane.read(repo, "main", "big.bin") == data
-    finally:
-        plane.close()
+    first = _current_spoke(region, plane)
+    got, pause = _read_with_kill(plane.read_stream(repo, "main", "big.bin"), first.kill, SIZE // 3)
+    assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
+    assert plane.servers.failovers >= 1 and plane.url != first.url
+    print(f"\nread_stream: failover pause after SIGKILL of {first.url}: {pause * 1000:.0f} ms")
+    # A ranged read through the new server; then every byte again with read().
+    assert plane.read(repo, "main", "big.bin", 5_000_000, 1_000_000) == data[5_000_000:6_000_000]
+    assert plane.read(repo, "main", "big.bin") == data
 
 
-def test_a_spoke_killed_mid_frames_stream(hub, region, dataset):
+def test_a_spoke_killed_mid_frames_stream(region, dataset, plane):
     repo, data = dataset
-    plane = HttpPlane(_servers(*(s.url for s in region), hub.url), hub.token)
-    try:
-        ids = [cid for cid, _ in plane.stat_chunks(repo, "main", "big.bin").chunks]
-        first = _current_spoke(region, plane)
-        frames = plane.frames(ids, repo=repo)
-        got = [next(frames) for _ in range(len(ids) // 3)]
-        first.kill()
-        got += list(frames)
-        assert [cid for cid, _ in got] == ids
-        from fabric.format import frames as frame_format
+    ids = [cid for cid, _ in plane.stat_chunks(repo, "main", "big.bin").chunks]
+    first = _current_spoke(region, plane)
+    frames = plane.frames(ids, repo=repo)
+    got = [next(frames) for _ in range(len(ids) // 3)]
+    first.kill()
+    got += list(frames)
+    assert [cid for cid, _ in got] == ids
+    from fabric.format import frames as frame_format
 
-        assert b"".join(frame_format.decode(f, cid) for cid, f in got) == data
-        assert plane.url != first.url
-    finally:
-        plane.close()
+    assert b"".join(frame_format.decode(f, cid) for cid, f in got) == data
+    assert plane.url != first.url
 
 
 def test_a_spoke_killed_while_fsspec_reads(hub, region, dataset):

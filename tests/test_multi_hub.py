@@ -13,14 +13,11 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import boto3
 import httpx
 import pytest
 from botocore.exceptions import ClientError
@@ -28,9 +25,10 @@ from botocore.exceptions import ClientError
 from fabric.catalog import Catalog, Database
 from fabric.catalog.uploads import UploadStore
 from fabric.errors import BadRequest, Conflict
-from tests.hubserver import ROOT, hub_env, unique_name
-from tests.pgserver import drop_database, fresh_database
-from tests.s3_helpers import Creds, S3Hub, start_s3_hub
+from tests.hubserver import unique_name
+from tests.multihub import Backing, backing
+from tests.s3_fixtures import error_code, error_status
+from tests.s3_helpers import Creds, S3Hub
 
 MiB = 1 << 20
 
@@ -59,7 +57,7 @@ def test_events_commit_in_seq_order(db_url: str) -> None:
     assert inserted.wait(10)
     fast = threading.Thread(target=fast_writer)
     fast.start()
-    fast.join(0.5)  # today's catalog commits it at once; a correct one makes it wait for `slow`
+    fast.join(0.5)  # it waits for `slow`: event seqs are taken under a lock held until commit
     seen, last = [], start
     for _ in range(2):
         for row in second.events_after(last):
@@ -99,33 +97,26 @@ def test_upload_store_in_the_catalog(db_url: str) -> None:
 
 
 @dataclass
-class Deployment:
-    db: str
-    store: str
+class Deployment(Backing):
     a: S3Hub
     b: S3Hub
     creds: Creds  # an admin key pair, valid at every hub
-    tmp: str
 
     def s3(self, hub: S3Hub):
         return hub.boto3(self.creds)
 
-    def start(self, name: str):
-        """Another hub process on the same catalog and store (a context manager)."""
-        return start_s3_hub(os.path.join(self.tmp, name), db=self.db, args=["--store", self.store])
+    def new_repo(self, stem: str) -> str:
+        """A fresh repository (created through hub A)."""
+        name = unique_name(stem)
+        self.a.plane().create_repo(name)
+        return name
 
 
 @pytest.fixture(scope="module")
 def two_hubs(pg_server: str, s3_endpoint: str, tmp_path_factory) -> Iterator[Deployment]:
-    db = fresh_database(pg_server, prefix="multihub")
-    bucket = "packs-" + unique_name("m")
-    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
-    store = f"s3://{bucket}/fabric?endpoint_url={s3_endpoint}&region=us-east-1"
-    tmp = str(tmp_path_factory.mktemp("multihub"))
-    with start_s3_hub(os.path.join(tmp, "a"), db=db, args=["--store", store]) as a:
-        with start_s3_hub(os.path.join(tmp, "b"), db=db, args=["--store", store]) as b:
-            yield Deployment(db, store, a, b, a.token(admin=True, name="multi-admin"), tmp)
-    drop_database(db)
+    with backing(pg_server, s3_endpoint, tmp_path_factory, "multihub") as back:
+        with back.start_hub("a") as a, back.start_hub("b") as b:
+            yield Deployment(back.db, back.store, back.tmp, a, b, a.token(admin=True, name="multi-admin"))
 
 
 def _watch(hub: S3Hub, repo: str, since: int, stop: threading.Event, out: list[dict]) -> None:
@@ -159,8 +150,7 @@ def _commit(plane, repo: str, branch: str, message: str) -> str | None:
 @pytest.mark.postgres
 def test_watch_on_a_sees_commits_through_both_hubs_in_order(two_hubs: Deployment) -> None:
     d = two_hubs
-    repo = unique_name("watch")
-    d.a.plane().create_repo(repo)
+    repo = d.new_repo("watch")
     since = Catalog(Database(d.db, pool_size=1)).last_event_seq()
     stop, events = threading.Event(), []
     watcher = threading.Thread(target=_watch, args=(d.a, repo, since, stop, events), daemon=True)
@@ -196,8 +186,7 @@ def test_watch_on_a_sees_commits_through_both_hubs_in_order(two_hubs: Deployment
 @pytest.mark.postgres
 def test_multipart_upload_started_on_a_completes_on_b(two_hubs: Deployment) -> None:
     d = two_hubs
-    repo = unique_name("mp")
-    d.a.plane().create_repo(repo)
+    repo = d.new_repo("mp")
     sa, sb = d.s3(d.a), d.s3(d.b)
     key = "main/big.bin"
     bodies = [os.urandom(5 * MiB), os.urandom(5 * MiB), b"tail"]
@@ -220,14 +209,13 @@ def test_multipart_upload_started_on_a_completes_on_b(two_hubs: Deployment) -> N
     sb.abort_multipart_upload(Bucket=repo, Key="main/other", UploadId=up2)
     with pytest.raises(ClientError) as exc:
         sa.upload_part(Bucket=repo, Key="main/other", UploadId=up2, PartNumber=1, Body=b"x")
-    assert exc.value.response["Error"]["Code"] == "NoSuchUpload"
+    assert error_code(exc) == "NoSuchUpload"
 
 
 @pytest.mark.postgres
 def test_conditional_writes_atomic_across_hubs(two_hubs: Deployment) -> None:
     d = two_hubs
-    repo = unique_name("cond")
-    d.a.plane().create_repo(repo)
+    repo = d.new_repo("cond")
     clients = [d.s3(d.a), d.s3(d.b)]
     barrier = threading.Barrier(2, timeout=30)
 
@@ -253,21 +241,20 @@ def test_conditional_writes_atomic_across_hubs(two_hubs: Deployment) -> None:
     new = sa.put_object(Bucket=repo, Key="main/m", Body=b"v2")["ETag"]
     with pytest.raises(ClientError) as exc:
         sb.put_object(Bucket=repo, Key="main/m", Body=b"v3", IfMatch=old)
-    assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    assert error_status(exc) == 412
     assert sb.get_object(Bucket=repo, Key="main/m")["Body"].read() == b"v2"
     sb.put_object(Bucket=repo, Key="main/m", Body=b"v3", IfMatch=new)
     # Across protocols: a REST write through A is what an S3 If-None-Match through B sees.
     d.a.plane().put_object(repo, "main", "rest.txt", io.BytesIO(b"rest"))
     with pytest.raises(ClientError) as exc:
         sb.put_object(Bucket=repo, Key="main/rest.txt", Body=b"s3", IfNoneMatch="*")
-    assert exc.value.response["Error"]["Code"] == "PreconditionFailed"
+    assert error_code(exc) == "PreconditionFailed"
 
 
 @pytest.mark.postgres
 def test_tokens_and_buckets_are_read_from_the_catalog(two_hubs: Deployment) -> None:
     d = two_hubs
-    repo = unique_name("tok")
-    d.a.plane().create_repo(repo)
+    repo = d.new_repo("tok")
     user = d.a.token(roles={repo: "write"}, name="short-lived")
     sb = d.b.boto3(user)
     sb.put_object(Bucket=repo, Key="main/k", Body=b"x")
@@ -282,7 +269,7 @@ def test_tokens_and_buckets_are_read_from_the_catalog(two_hubs: Deployment) -> N
         assert c.get(f"/api/v1/repos/{repo}").status_code == 401
     with pytest.raises(ClientError) as exc:
         sb.put_object(Bucket=repo, Key="main/k2", Body=b"y")
-    assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert error_status(exc) == 403
     # A bucket bound through A is served by B.
     bucket = unique_name("bkt")
     d.a.plane().create_bucket(bucket, repo, "main")
@@ -294,8 +281,7 @@ def test_tokens_and_buckets_are_read_from_the_catalog(two_hubs: Deployment) -> N
 @pytest.mark.postgres
 def test_eight_writers_through_both_hubs_lose_no_update(two_hubs: Deployment) -> None:
     d = two_hubs
-    repo = unique_name("w8")
-    d.a.plane().create_repo(repo)
+    repo = d.new_repo("w8")
     commits: list[str] = []
     lock = threading.Lock()
 
@@ -322,10 +308,9 @@ def test_eight_writers_through_both_hubs_lose_no_update(two_hubs: Deployment) ->
 @pytest.mark.postgres
 def test_hub_killed_mid_upload_then_retried_on_another(two_hubs: Deployment) -> None:
     d = two_hubs
-    repo = unique_name("kill")
-    d.a.plane().create_repo(repo)
+    repo = d.new_repo("kill")
     first, retried = os.urandom(24 * MiB), os.urandom(24 * MiB)
-    with d.start("doomed") as doomed:
+    with d.start_hub("doomed") as doomed:
         sent = threading.Event()
 
         def body() -> Iterator[bytes]:
@@ -353,10 +338,4 @@ def test_hub_killed_mid_upload_then_retried_on_another(two_hubs: Deployment) -> 
     assert [c.path for c in plane.uncommitted(repo, "main")] == ["ckpt.bin"]
     plane.commit(repo, "main", "checkpoint")
     assert [path for path, _ in plane.list(repo, "main").entries] == ["ckpt.bin"]
-    fsck = subprocess.run(
-        [sys.executable, "-m", "fabric.cli.main", "--data", os.path.join(d.tmp, "fsck"), "--db", d.db,
-         "--store", d.store, "--json", "-q", "fsck"],
-        capture_output=True, env=hub_env(), cwd=ROOT, timeout=300,
-    )
-    assert fsck.returncode == 0, fsck.stderr.decode()[-3000:]
-    assert json.loads(fsck.stdout)["ok"] is True
+    assert d.fsck()["ok"] is True  # (fsck exits 0, or the call fails)

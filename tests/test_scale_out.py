@@ -13,30 +13,24 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
-import io
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import boto3
 import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 
 from fabric.client.http import HttpPlane
 from fabric.util.groups import member_url
-from fabric.util.net import free_port
 from spoke.group import owner
 from testbed.wanproxy import WanProxy
-from tests.hubserver import ROOT, hub_env, unique_name
-from tests.pgserver import drop_database, fresh_database
-from tests.s3_helpers import Creds, S3Hub, start_s3_hub
-from tests.spokeserver import Spoke, commit_chunks, frame_bytes, random_bytes, start_spoke, wait_for
+from tests.hubserver import unique_name
+from tests.multihub import Backing, backing
+from tests.s3_helpers import Creds, S3Hub
+from tests.spokeserver import Dataset, Spoke, random_dataset, start_spoke, wait_for
 
 MiB = 1 << 20
 
@@ -44,39 +38,18 @@ pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
 
 
 @dataclass
-class Shared:
-    """The catalog, the pack store and hub B, shared by the module's tests."""
+class Shared(Backing):
+    """The catalog, the pack store and hub B, shared by the module's tests; ``start_hub`` starts
+    a hub A of its own on the same catalog and store."""
 
-    db: str
-    store: str
-    tmp: str
     b: S3Hub
     creds: Creds  # an admin token and its S3 key pair, valid at every hub
-
-    def hub_a(self, name: str):
-        """A fresh hub process on the same catalog and store (a context manager)."""
-        return start_s3_hub(os.path.join(self.tmp, name), db=self.db, args=["--store", self.store])
-
-    def fsck(self) -> dict:
-        r = subprocess.run(
-            [sys.executable, "-m", "fabric.cli.main", "--data", os.path.join(self.tmp, "fsck"), "--db", self.db,
-             "--store", self.store, "--json", "-q", "fsck"],
-            capture_output=True, env=hub_env(), cwd=ROOT, timeout=300,
-        )
-        assert r.returncode == 0, r.stderr.decode()[-3000:]
-        return json.loads(r.stdout)
 
 
 @pytest.fixture(scope="module")
 def shared(pg_server: str, s3_endpoint: str, tmp_path_factory) -> Iterator[Shared]:
-    db = fresh_database(pg_server, prefix="scaleout")
-    bucket = "packs-" + unique_name("so")
-    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
-    store = f"s3://{bucket}/fabric?endpoint_url={s3_endpoint}&region=us-east-1"
-    tmp = str(tmp_path_factory.mktemp("scaleout"))
-    with start_s3_hub(os.path.join(tmp, "b"), db=db, args=["--store", store]) as b:
-        yield Shared(db, store, tmp, b, b.token(admin=True, name="scale-admin"))
-    drop_database(db)
+    with backing(pg_server, s3_endpoint, tmp_path_factory, "scaleout") as back, back.start_hub("b") as b:
+        yield Shared(back.db, back.store, back.tmp, b, b.token(admin=True, name="scale-admin"))
 
 
 def _port(url: str) -> int:
@@ -92,7 +65,7 @@ def _kill(hub: S3Hub) -> None:
 
 
 def test_a_bucket_location_set_through_hub_a_is_answered_by_hub_b(shared: Shared) -> None:
-    with shared.hub_a("loc-a") as a:
+    with shared.start_hub("loc-a") as a:
         sa, sb = a.boto3(shared.creds), shared.b.boto3(shared.creds)
         bucket = unique_name("loc")
         sa.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
@@ -123,7 +96,7 @@ def test_a_put_through_a_server_list_survives_hub_a_killed_mid_body(shared: Shar
     data = os.urandom(24 * MiB)
     src = tmp_path / "ckpt.bin"
     src.write_bytes(data)
-    with shared.hub_a("put-a") as a, \
+    with shared.start_hub("put-a") as a, \
             WanProxy("127.0.0.1", _port(a.url), rate_mbit=40, handshake=False) as wan_a, \
             WanProxy("127.0.0.1", _port(shared.b.url), handshake=False) as wan_b:
         plane = HttpPlane(f"{wan_a.url_for()},{wan_b.url_for()}", shared.creds.token)
@@ -160,7 +133,7 @@ def test_a_multipart_part_cut_at_hub_a_is_retried_at_hub_b(shared: Shared) -> No
     parts = [os.urandom(5 * MiB), os.urandom(16 * MiB), b"tail"]
     key = "main/big.bin"
     sb = shared.b.boto3(shared.creds)
-    with shared.hub_a("mp-a") as a, WanProxy("127.0.0.1", _port(a.s3_url), rate_mbit=40, handshake=False) as wan:
+    with shared.start_hub("mp-a") as a, WanProxy("127.0.0.1", _port(a.s3_url), rate_mbit=40, handshake=False) as wan:
         sa = dataclasses.replace(a, s3_url=wan.url_for()).boto3(shared.creds)
         up = sa.create_multipart_upload(Bucket=repo, Key=key)["UploadId"]
         etags = {1: sa.upload_part(Bucket=repo, Key=key, UploadId=up, PartNumber=1, Body=parts[0])["ETag"]}
@@ -202,26 +175,6 @@ class Member:
     wans: list[WanProxy]  # to hub A, to hub B
 
 
-@dataclass
-class Dataset:
-    repo: str
-    commit: str
-    files: dict[str, bytes]
-    ids: list[bytes]
-    frames: int  # stored (compressed) bytes of its chunks
-
-
-def _dataset(plane, mib: int, seed: int) -> Dataset:
-    repo = unique_name("scaled")
-    plane.create_repo(repo)
-    files = {f"part/{i:03d}.bin": random_bytes(MiB, seed + i) for i in range(mib)}
-    for path, data in files.items():
-        plane.put_object(repo, "main", path, io.BytesIO(data))
-    commit = plane.commit(repo, "main", "data").id
-    ids = list(dict.fromkeys(c for chunk_ids in commit_chunks(plane, repo, commit).values() for c in chunk_ids))
-    return Dataset(repo, commit, files, ids, frame_bytes(plane, ids))
-
-
 def _wan(members: list[Member], hub: int | None = None) -> int:
     """WAN bytes of every spoke (to hub ``hub`` only: 0 for A, 1 for B)."""
     return sum(w.bytes_up + w.bytes_down for m in members for k, w in enumerate(m.wans) if hub in (None, k))
@@ -256,14 +209,13 @@ def _read_all(members: list[Member], data: Dataset, at_file: threading.Event | N
 def test_two_hubs_three_spokes_one_group(shared: Shared, tmp_path) -> None:
     group = unique_name("region")
     spoke_token = shared.b.plane(shared.creds.token).create_token(unique_name("so-spoke"), roles={"*": "read"}, rights=["spoke"])["token"]
-    with shared.hub_a("group-a") as a, contextlib.ExitStack() as stack:
+    with shared.start_hub("group-a") as a, contextlib.ExitStack() as stack:
         members: list[Member] = []
         for i in range(3):
             wans = [stack.enter_context(WanProxy("127.0.0.1", _port(h.url), rate_mbit=200, handshake=False)) for h in (a, shared.b)]
-            port = free_port()
             spoke = stack.enter_context(start_spoke(
-                ",".join(w.url_for() for w in wans), tmp_path / f"spoke{i}", "256MiB", token=spoke_token, port=port,
-                args=["--group", group, "--advertise", f"http://127.0.0.1:{port}", "--log-level", "warning"],
+                ",".join(w.url_for() for w in wans), tmp_path / f"spoke{i}", "256MiB", token=spoke_token, group=group,
+                args=["--log-level", "warning"],
             ))
             members.append(Member(spoke, wans))
 
@@ -279,7 +231,7 @@ def test_two_hubs_three_spokes_one_group(shared: Shared, tmp_path) -> None:
         assert sorted(m["url"] if isinstance(m, dict) else m for m in listed) == sorted(urls)
 
         # Three readers, one per spoke, the same dataset: it crosses the WAN once.
-        first = _dataset(a.plane(), 24, 9100)
+        first = random_dataset(a.plane(), 24, 9100, "scaled")
         before, before_b = _wan(members), _wan(members, 1)
         _read_all(members, first)
         wan = _wan(members) - before
@@ -288,7 +240,7 @@ def test_two_hubs_three_spokes_one_group(shared: Shared, tmp_path) -> None:
         assert _wan(members, 1) - before_b < 0.05 * first.frames  # hub A served them: B only answered probes
 
         # Hub A killed mid-read: spokes and readers carry on through hub B, every byte correct.
-        second = _dataset(a.plane(), 24, 9200)
+        second = random_dataset(a.plane(), 24, 9200, "scaled")
         before, before_b = _wan(members), _wan(members, 1)
         early = threading.Event()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -319,15 +271,14 @@ def test_a_hinted_job_fills_the_owners_caches_not_its_own(shared: Shared, tmp_pa
     group = unique_name("hinted")
     hub = shared.b
     spoke_token = hub.plane(shared.creds.token).create_token(unique_name("hint-spoke"), roles={"*": "read"}, rights=["spoke"])["token"]
-    data = _dataset(hub.plane(), 8, 9300)
+    data = random_dataset(hub.plane(), 8, 9300, "scaled")
     with contextlib.ExitStack() as stack:
         members: list[Member] = []
         for i in range(2):
             wan = stack.enter_context(WanProxy("127.0.0.1", _port(hub.url), handshake=False))
-            port = free_port()
             spoke = stack.enter_context(start_spoke(
-                wan.url_for(), tmp_path / f"spoke{i}", "256MiB", token=spoke_token, port=port,
-                args=["--group", group, "--advertise", f"http://127.0.0.1:{port}", "--log-level", "warning"],
+                wan.url_for(), tmp_path / f"spoke{i}", "256MiB", token=spoke_token, group=group,
+                args=["--log-level", "warning"],
             ))
             members.append(Member(spoke, [wan]))
         one, two = members

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from fabric.util.net import free_port
 from spoke.group import owner, rank
 from testbed.wanproxy import WanProxy
 from tests.hubserver import Hub, hub_env, unique_name
-from tests.spokeserver import ROOT, Spoke, commit_chunks, frame_bytes, random_bytes, start_spoke, wait_for
+from tests.spokeserver import ROOT, Dataset, Spoke, frame_bytes, random_dataset, start_spoke, wait_for
 
 MiB = 1 << 20
 
@@ -127,27 +126,6 @@ def group(hub: Hub, tmp_path, spoke_token: str) -> Iterator[Group]:
         yield Group(hub, tmp_path, spoke_token, stack, unique_name("region"))
 
 
-@dataclass
-class Dataset:
-    repo: str
-    commit: str
-    files: dict[str, bytes]
-    ids: list[bytes]
-    frames: int  # stored (compressed) bytes of its chunks
-
-
-def dataset(hub: Hub, mib: int, seed: int) -> Dataset:
-    plane = hub.plane()
-    repo = unique_name("grouped")
-    plane.create_repo(repo)
-    files = {f"part/{i:03d}.bin": random_bytes(MiB, seed + i) for i in range(mib)}
-    for path, data in files.items():
-        plane.put_object(repo, "main", path, io.BytesIO(data))
-    commit = plane.commit(repo, "main", "data").id
-    ids = list(dict.fromkeys(c for chunk_ids in commit_chunks(plane, repo, commit).values() for c in chunk_ids))
-    return Dataset(repo, commit, files, ids, frame_bytes(plane, ids))
-
-
 def read_files(spoke: Spoke, data: Dataset, paths: list[str]) -> None:
     plane = spoke.plane()
     try:
@@ -178,7 +156,7 @@ def in_threads(*jobs) -> None:
 
 
 def test_three_readers_on_three_spokes_move_the_dataset_over_the_wan_once(hub: Hub, group: Group) -> None:
-    data = dataset(hub, 24, 1000)
+    data = random_dataset(hub.plane(), 24, 1000)
     for _ in range(3):
         group.add()
     group.wait_members(3)
@@ -196,7 +174,7 @@ def test_three_readers_on_three_spokes_move_the_dataset_over_the_wan_once(hub: H
 
 
 def test_an_owner_killed_mid_read_costs_a_fallback_not_an_error(hub: Hub, group: Group) -> None:
-    data = dataset(hub, 12, 2000)
+    data = random_dataset(hub.plane(), 12, 2000)
     for _ in range(3):
         group.add()
     group.wait_members(3)
@@ -215,27 +193,29 @@ def test_an_owner_killed_mid_read_costs_a_fallback_not_an_error(hub: Hub, group:
     assert victim_url not in group.wait_members(2, survivors)
 
 
-def test_a_fourth_spoke_moves_fewer_than_a_third_of_the_cached_chunks(hub: Hub, group: Group) -> None:
-    data = dataset(hub, 12, 3000)
+def test_a_fourth_spoke_refetches_only_the_chunks_that_moved_to_it(hub: Hub, group: Group) -> None:
+    # How many keys move is a property of the hash, measured over 6,000 ids by the tests at the top;
+    # a live dataset has too few chunks for a fraction to be more than noise. Here: which ones cross the WAN.
+    data = random_dataset(hub.plane(), 12, 3000)
     for _ in range(3):
         group.add()
     three = group.wait_members(3)
     read_files(group.members[0].spoke, data, sorted(data.files))  # each chunk now cached at its owner
     group.add()
     four = group.wait_members(4)
+    newcomer = member_url(group.members[3].spoke.url)
     moved = [cid for cid in data.ids if owner(cid, three) != owner(cid, four)]
-    assert len(moved) < len(data.ids) / 3, (len(moved), len(data.ids))
+    assert all(owner(cid, four) == newcomer for cid in moved)
     # The newcomer reads the whole dataset: only the chunks that moved to it cross the WAN again.
     before = group.wan_bytes()
     read_files(group.members[3].spoke, data, sorted(data.files))
     wan = group.wan_bytes() - before
     moved_frames = frame_bytes(hub.plane(), moved)
     assert wan <= moved_frames + 0.05 * data.frames, (wan, moved_frames, data.frames)
-    assert wan < data.frames / 3
 
 
 def test_a_static_peer_list_shares_caches_without_the_hub(hub: Hub, group: Group) -> None:
-    data = dataset(hub, 12, 4000)
+    data = random_dataset(hub.plane(), 12, 4000)
     ports = [free_port() for _ in range(3)]
     for port in ports:
         group.add(peers=ports, port=port)
@@ -251,7 +231,7 @@ def test_a_static_peer_list_shares_caches_without_the_hub(hub: Hub, group: Group
 
 
 def test_only_a_spoke_token_may_join_a_group_or_ask_as_a_peer(hub: Hub, group: Group) -> None:
-    data = dataset(hub, 1, 5000)
+    data = random_dataset(hub.plane(), 1, 5000)
     reader = hub.plane().create_token(unique_name("reader"), roles={"*": "read"})["token"]
     own = hub.plane().create_token(unique_name("own"), roles={data.repo: "read"})["token"]
     members = f"/api/v1/groups/{group.name}/members"

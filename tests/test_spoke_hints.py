@@ -189,7 +189,8 @@ def test_bad_hints_are_refused_and_change_nothing(hub: Hub, spoke: Spoke, datase
     # The same hint, valid, is taken (the job from the header).
     r = hint_status(server, hub.token, repo, {"ref": "main", "paths": paths}, {JOB_HEADER: "j1"})
     assert r.status_code == 200 and r.json()["job"] == "j1"
-    assert r.json()["window_bytes"] == (0 if where == "hub" else r.json()["window_bytes"])
+    if where == "hub":
+        assert r.json()["window_bytes"] == 0
 
 
 @pytest.mark.parametrize("where", ["hub", "spoke"])

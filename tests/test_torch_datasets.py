@@ -332,7 +332,6 @@ def test_a_refused_hint_does_not_stop_training(hub: Hub, data_repo: str, caplog)
 def test_hinting_sampler_sends_the_epoch_order_to_the_spoke(hub: Hub, data_repo: str, tmp_path) -> None:
     """The spoke gets the sampler's permutation: it fetches the head of that order (within its
     16 KiB window) before anything is read, and not its tail."""
-    assert hasattr(FabricFileSystem, "hint"), "FabricFileSystem.hint (issue 14: hints through fabric://)"
     job = f"hint-{uuid.uuid4().hex[:8]}"
     with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token, args=["--hint-window", "16KiB"]) as spoke:
         ds = FabricFileDataset(f"{data_repo}@main/files", decode=decode_file, server=spoke.url, token=hub.token, job=job, suffixes=[".bin"])

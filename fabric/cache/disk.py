@@ -275,16 +275,9 @@ class DiskCache:
         """Undo the pins of a batch that failed: its new blobs are forgotten, cached ones unpinned."""
         with self._lock:
             for key in fresh:
-                item = self._pinned.pop(key, None)
-                if item is not None:
-                    self._pinned_bytes -= item.size
+                self._move(key, ("_pinned",), None)
             for key in promoted:
-                item = self._pinned.pop(key, None)
-                if item is not None:
-                    self._pinned_bytes -= item.size
-                    self._main[key] = item
-                    self._main_bytes += item.size
-                    self._hold(key)
+                self._unpin_locked(key)
             self._make_room(0)
 
     def _store(self, key: bytes, data: bytes) -> bool:
@@ -338,25 +331,19 @@ class DiskCache:
             return self._pin_locked(key)
 
     def _pin_locked(self, key: bytes) -> bool:
-        for seg, attr in ((self._window, "_window_bytes"), (self._main, "_main_bytes"), (self._held, "_held_bytes")):
-            item = seg.pop(key, None)
-            if item is not None:
-                setattr(self, attr, getattr(self, attr) - item.size)
-                self._pinned[key] = item
-                self._pinned_bytes += item.size
-                return True
-        return key in self._pinned
+        return self._move(key, ("_window", "_main", "_held"), "_pinned") is not None or key in self._pinned
 
     def unpin(self, key: bytes) -> None:
         with self._lock:
-            item = self._pinned.pop(key, None)
-            if item is None:
-                return
-            self._pinned_bytes -= item.size
-            self._main[key] = item
-            self._main_bytes += item.size
-            self._hold(key)
-            self._make_room(0)
+            if self._unpin_locked(key):
+                self._make_room(0)
+
+    def _unpin_locked(self, key: bytes) -> bool:
+        """A pinned blob joins main (or the held blobs, if a plan lists it); False if not pinned."""
+        if self._move(key, ("_pinned",), "_main") is None:
+            return False
+        self._hold(key)
+        return True
 
     def drop(self, key: bytes) -> None:
         self._forget(key, unlink=True)
@@ -387,29 +374,30 @@ class DiskCache:
 
     def _hold(self, key: bytes) -> None:
         """A cached blob a plan lists leaves window or main for the held segment."""
-        if not self._plans.planned(key):
-            return
-        for seg, attr in ((self._window, "_window_bytes"), (self._main, "_main_bytes")):
-            item = seg.pop(key, None)
-            if item is not None:
-                setattr(self, attr, getattr(self, attr) - item.size)
-                self._held[key] = item
-                self._held_bytes += item.size
-                self._plans.noted(key)
-                return
+        if self._plans.planned(key) and self._move(key, ("_window", "_main"), "_held") is not None:
+            self._plans.noted(key)
 
     def _release(self, keys: list[bytes], read: bytes | None) -> None:
         """Held blobs no plan lists any more join main: ``read`` (just read) at the most
         recently used end, the others (passed over, or their plan dropped) at the least."""
         for key in keys:
-            item = self._held.pop(key, None)
+            if self._move(key, ("_held",), "_main") is not None and key != read:
+                self._main.move_to_end(key, last=False)
+
+    def _move(self, key: bytes, sources: tuple[str, ...], to: str | None) -> _Item | None:
+        """Move ``key`` from the first of the segments ``sources`` (``"_window"``, ``"_main"``,
+        ``"_pinned"``, ``"_held"``) that has it to the segment ``to`` (``None``: out of the
+        index), its bytes with it; the item, or ``None`` when no source had it."""
+        for src in sources:
+            item = getattr(self, src).pop(key, None)
             if item is None:
                 continue
-            self._held_bytes -= item.size
-            self._main[key] = item
-            self._main_bytes += item.size
-            if key != read:
-                self._main.move_to_end(key, last=False)
+            setattr(self, f"{src}_bytes", getattr(self, f"{src}_bytes") - item.size)
+            if to is not None:
+                getattr(self, to)[key] = item
+                setattr(self, f"{to}_bytes", getattr(self, f"{to}_bytes") + item.size)
+            return item
+        return None
 
     def _spill_window(self) -> None:
         while self._window_bytes > self.window_cap:
@@ -443,15 +431,8 @@ class DiskCache:
         with self._lock:
             self.misses += miss
             self.corruptions += corrupt
-            for seg, attr in (
-                (self._window, "_window_bytes"),
-                (self._main, "_main_bytes"),
-                (self._pinned, "_pinned_bytes"),
-                (self._held, "_held_bytes"),
-            ):
-                item = seg.pop(key, None)
-                if item is not None:
-                    setattr(self, attr, getattr(self, attr) - item.size)
+            for seg in ("_window", "_main", "_pinned", "_held"):
+                self._move(key, (seg,), None)
             if unlink:
                 self._unlink(key)  # under the lock: the bytes are free only once the file is gone
 

@@ -97,6 +97,8 @@ class Plans:
 
     def consume(self, key: bytes) -> list[bytes]:
         """A read of ``key``: consume its place in each plan; the ids no longer planned."""
+        if key not in self._count:  # listed by no plan (at any unconsumed place): nothing moves
+            return []
         released: list[bytes] = []
         for name, plan in list(self._plans.items()):
             place = plan.first.get(key)

@@ -10,13 +10,14 @@ another way does not inherit a location. :meth:`Catalog.delete_bucket
 from __future__ import annotations
 
 from fabric.catalog.db import Database
-from fabric.catalog.schema import LOCATIONS_SCHEMA
 
 
 class LocationStore:
+    """Bucket locations in ``db``, a catalog's database (:class:`~fabric.catalog.catalog.Catalog`
+    created the table when it opened it)."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
-        db.ddl(LOCATIONS_SCHEMA)
 
     def get(self, bucket: str, created: float) -> str | None:
         """The constraint bucket ``bucket`` (created at ``created``) was created with, if any."""

@@ -124,14 +124,13 @@ CREATE TABLE IF NOT EXISTS group_members (
 # S3 bucket locations (issue 15): the LocationConstraint a bucket was created with, so every
 # hub process answers GetBucketLocation alike (fabric.catalog.locations). `created` is the
 # bucket binding's, so a bucket re-created another way does not inherit a location.
-LOCATIONS_SCHEMA = """
+SCHEMA += """;
 CREATE TABLE IF NOT EXISTS bucket_locations (
     name TEXT PRIMARY KEY,
     created {real} NOT NULL,
     location TEXT NOT NULL
 )
 """
-SCHEMA += ";" + LOCATIONS_SCHEMA
 
 # S3 multipart uploads (issue 15): in the catalog, so every hub process serves every upload.
 # A spoke's gateway keeps the same tables in a SQLite file of its own (fabric.catalog.uploads).

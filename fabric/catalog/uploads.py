@@ -26,16 +26,23 @@ from fabric.catalog.schema import UPLOADS_SCHEMA
 COMPLETED_TTL = 24 * 3600.0
 
 _UPLOAD_COLUMNS = "id, bucket, key, repo, branch, path, meta, initiator, created"
+_COMPLETED_COLUMNS = "id, bucket, key, repo, branch, path, etag, mtime_ns, done"
 
 
 @dataclass(frozen=True)
-class Upload:
+class _Target:
+    """An upload's id and where its object goes (the fields :class:`Upload` and :class:`Completed` share)."""
+
     id: str
     bucket: str
     key: str
     repo: str
     branch: str
     path: str
+
+
+@dataclass(frozen=True)
+class Upload(_Target):
     meta: dict
     initiator: str
     created: float
@@ -50,15 +57,9 @@ class Part:
 
 
 @dataclass(frozen=True)
-class Completed:
+class Completed(_Target):
     """A completed upload: where its object went, and that object's identity (ETag, mtime)."""
 
-    id: str
-    bucket: str
-    key: str
-    repo: str
-    branch: str
-    path: str
     etag: str
     mtime_ns: int
     done: float
@@ -125,9 +126,8 @@ class UploadStore:
             cur.execute("DELETE FROM s3_parts WHERE upload_id = ?", (up.id,))
             cur.execute("DELETE FROM s3_uploads WHERE id = ?", (up.id,))
             cur.execute(
-                "INSERT INTO s3_completed (id, bucket, key, repo, branch, path, etag, mtime_ns, done) "
-                "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO UPDATE SET etag = excluded.etag, "
-                "mtime_ns = excluded.mtime_ns, done = excluded.done",
+                f"INSERT INTO s3_completed ({_COMPLETED_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT (id) DO UPDATE SET etag = excluded.etag, mtime_ns = excluded.mtime_ns, done = excluded.done",
                 (up.id, up.bucket, up.key, up.repo, up.branch, up.path, etag, mtime_ns, time.time()),
             )
 
@@ -135,8 +135,7 @@ class UploadStore:
         """The completed upload of this id, if it completed less than :data:`COMPLETED_TTL` ago."""
         now = time.time() if now is None else now
         rows = self.db.query(
-            "SELECT id, bucket, key, repo, branch, path, etag, mtime_ns, done FROM s3_completed WHERE id = ? AND done > ?",
-            (upload_id, now - COMPLETED_TTL),
+            f"SELECT {_COMPLETED_COLUMNS} FROM s3_completed WHERE id = ? AND done > ?", (upload_id, now - COMPLETED_TTL)
         )
         return Completed(*rows[0]) if rows else None
 

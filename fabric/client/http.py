@@ -26,7 +26,7 @@ import os
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import httpx
 import msgpack
@@ -56,6 +56,8 @@ MISSING_BATCH = 10_000
 FRAMES_BATCH = 4096
 OBJECT_BATCH = 256
 API = "/api/v1"
+
+_T = TypeVar("_T")
 
 _BY_STATUS: dict[int, type[errors.FabricError]] = {
     400: errors.BadRequest,
@@ -391,29 +393,52 @@ class HttpPlane(DataPlane):
         self, server: str, response: httpx.Response, repo: str, path: str, offset: int, length: int | None
     ) -> Iterator[bytes]:
         """``response``'s body; where a server fails mid-way, the rest from the next server:
-        from the byte it stopped at, of the commit the first answer named."""
+        from the byte it stopped at, of the commit the first answer named (none named: no resuming)."""
         commit = response.headers.get("X-Fabric-Commit")
         size = response.headers.get("Content-Length")
         want = int(size) if size is not None and size.isdigit() else length
-        done = failures = 0
+        done = 0
+
+        def read(response: httpx.Response) -> Iterator[bytes]:
+            nonlocal done
+            for piece in _stream(response):
+                done += len(piece)
+                yield piece
+
+        def rest() -> tuple[str, httpx.Response] | None:
+            if want is not None and done >= want:
+                return None
+            headers = _byte_range(offset + done, None if want is None else want - done)
+            return self._open_stream("GET", f"/repos/{repo}/refs/{commit}/objects", params={"path": path}, headers=headers)
+
+        return self._resumed(server, response, read, rest if commit is not None else None)
+
+    def _resumed(
+        self,
+        server: str,
+        response: httpx.Response,
+        read: Callable[[httpx.Response], Iterator[_T]],
+        rest: Callable[[], tuple[str, httpx.Response] | None] | None,
+    ) -> Iterator[_T]:
+        """``read(response)``; where a server fails mid-way (Unavailable), it is marked down and
+        ``rest()`` asks the next one for what is left (None: nothing is). The failure is raised
+        without ``rest``, or once every server of the list has failed in a row."""
+        failures = 0
         while True:
             try:
-                for piece in _stream(response):
-                    done += len(piece)
+                for item in read(response):
                     failures = 0
-                    yield piece
+                    yield item
                 return
             except errors.Unavailable as exc:
                 self.servers.mark_down(server, exc.message)
                 failures += 1
-                if commit is None or failures >= len(self.servers.urls):
+                if rest is None or failures >= len(self.servers.urls):
                     raise
-            if want is not None and done >= want:
+            reopened = rest()
+            if reopened is None:
                 return
-            rest = None if want is None else want - done
-            server, response = self._open_stream(
-                "GET", f"/repos/{repo}/refs/{commit}/objects", params={"path": path}, headers=_byte_range(offset + done, rest)
-            )
+            server, response = reopened
 
     def put_object(
         self,
@@ -537,23 +562,17 @@ class HttpPlane(DataPlane):
     ) -> Iterator[tuple[bytes, bytes]]:
         """``response``'s records; where a server fails mid-way, the ids not yet received from the next."""
         got: set[bytes] = set()
-        failures = 0
-        while True:
-            try:
-                for cid, frame in _records(response):
-                    got.add(cid)
-                    failures = 0
-                    yield cid, frame
-                return
-            except errors.Unavailable as exc:
-                self.servers.mark_down(server, exc.message)
-                failures += 1
-                if failures >= len(self.servers.urls):
-                    raise
-            rest = [c for c in ids if c not in got]
-            if not rest:
-                return
-            server, response = self._frames_request(rest, repo)
+
+        def read(response: httpx.Response) -> Iterator[tuple[bytes, bytes]]:
+            for cid, frame in _records(response):
+                got.add(cid)
+                yield cid, frame
+
+        def rest() -> tuple[str, httpx.Response] | None:
+            left = [c for c in ids if c not in got]
+            return self._frames_request(left, repo) if left else None
+
+        return self._resumed(server, response, read, rest)
 
     def get_objects(self, ids: Sequence[str]) -> dict[str, bytes]:
         out: dict[str, bytes] = {}

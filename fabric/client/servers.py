@@ -190,9 +190,9 @@ class ServerSet:
         answer is returned if there was one, else :class:`Unreachable` names them all. With one
         server, its answer or error as is.
         """
+        if not self.multiple:
+            return self.urls[0], attempt(self.urls[0])
         order = self.order()
-        if len(self.urls) == 1:
-            return order[0], attempt(order[0])
         failures: list[str] = []
         answer: tuple[str, httpx.Response] | None = None
         for url in order:

@@ -524,8 +524,15 @@ class Engine(DataPlane):
     ) -> int:
         """Stage ``changes`` if ``check()`` passes, in one catalog transaction that holds the
         branch's ref row: no other stage or commit of the branch, in any hub process, comes
-        between the check and the write."""
-        return self.catalog.stage(repo, branch, self._staging_rows(repo, changes), check=check)
+        between the check and the write.
+
+        ``check`` runs once before the transaction too: a failing condition takes no lock,
+        and the tree objects it reads (from the object store) are cached before the row is
+        locked, so that other writers of the branch (every writer, on SQLite) do not wait on
+        that I/O. It must only read."""
+        rows = self._staging_rows(repo, changes)
+        check()
+        return self.catalog.stage(repo, branch, rows, check=check)
 
     def _staging_rows(self, repo: str, changes: Mapping[str, Entry | None]) -> list[tuple[str, bytes | None]]:
         """``changes`` as staging rows, once every path is valid and every chunk is the repository's."""

@@ -14,6 +14,11 @@ _REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
 COMMIT_ID_RE = re.compile(r"^[0-9a-f]{8,64}$")
 
 
+def is_full_commit_id(text: str) -> bool:
+    """Whether ``text`` is a whole commit id (64 hex digits), which no branch or tag name can be."""
+    return len(text) == 64 and COMMIT_ID_RE.fullmatch(text) is not None
+
+
 def check_repo_name(name: str) -> str:
     """Repository names double as S3 bucket names: 3-63 of ``a-z 0-9 -``."""
     if not isinstance(name, str) or not _REPO_RE.match(name) or "--" in name:
@@ -52,7 +57,7 @@ def check_ref_name(name: str, what: str = "branch") -> str:
         or not _REF_RE.match(name)
         or ".." in name
         or name.endswith((".", ".lock"))
-        or COMMIT_ID_RE.match(name) and len(name) == 64
+        or is_full_commit_id(name)
     ):
         raise InvalidName(
             f"invalid {what} name {name!r}: use up to 255 letters, digits, '.', '_' or '-', "

@@ -8,15 +8,10 @@ import threading
 from collections import OrderedDict
 
 from fabric.format.model import Entry
-from fabric.format.paths import COMMIT_ID_RE
 
-#: Chunk references kept in all (an entry counts one plus its chunks): about 40 MB at most.
-MAX_CHUNK_REFS = 1_000_000
-
-
-def is_commit_id(ref: str) -> bool:
-    """Whether ``ref`` is a full commit id (branch and tag names never are)."""
-    return len(ref) == 64 and COMMIT_ID_RE.fullmatch(ref) is not None
+#: Chunk references kept in all (an entry counts one plus its chunks): about 40 MB at most
+#: (a chunk reference of a decoded entry takes about 160 bytes of Python objects).
+MAX_CHUNK_REFS = 250_000
 
 
 class CommitEntries:

@@ -39,8 +39,9 @@ from fabric.client.http import HttpPlane
 from fabric.format.links import NAMES
 from fabric.format.model import DIR, FILE, SYMLINK, Entry, stored_ids
 from fabric.format.namespace import visible
+from fabric.format.paths import is_full_commit_id
 from fabric.fsspec import chunks
-from fabric.fsspec.entries import CommitEntries, is_commit_id
+from fabric.fsspec.entries import CommitEntries
 from fabric.fsspec.errors import fs_errors, is_a_directory, not_a_directory, not_found
 from fabric.fsspec.files import FabricReadFile, FabricWriteFile
 from fabric.fsspec.locations import Location, parse
@@ -262,7 +263,7 @@ class FabricFileSystem(AbstractFileSystem):
                 entry = self._at_commit.get(loc.repo, ref, loc.key)
                 if entry is None:
                     entry = self.plane.stat_chunks(loc.repo, ref, loc.key)
-                    if is_commit_id(ref):
+                    if is_full_commit_id(ref):
                         self._at_commit.put(loc.repo, ref, loc.key, entry)
             except errors.NotFound:
                 if self._has_below(loc, ref):

@@ -10,7 +10,6 @@ from typing import Any
 
 from fabric.client.http import HttpPlane
 from fabric.fsspec import FabricFileSystem
-from fabric.plane.jobs import MAX_HINT_PATHS
 
 log = logging.getLogger("fabric.torch")
 
@@ -23,9 +22,11 @@ class Hinter:
         self._warned = False
 
     def send(self, fs: FabricFileSystem, paths: Sequence[str]) -> dict[str, Any] | None:
-        """Replace the job's order with ``paths`` (``REPO@REF/key``); the server's summed answer, or None if it failed."""
+        """Replace the job's order with ``paths`` (``REPO@REF/key``); the server's summed answer
+        (a long order goes in several requests: :meth:`~fabric.client.http.HttpPlane.hint`), or
+        None if it failed."""
         try:
-            return _in_batches(lambda batch, append: fs.hint(batch, append=append), paths)
+            return fs.hint(list(paths))
         except Exception as exc:  # noqa: BLE001 - a hint is advice: reads go on without it
             if not self._warned:
                 self._warned = True
@@ -65,14 +66,3 @@ def hint(
         return plane.hint(repo, ref, list(paths), job)
     finally:
         plane.close()
-
-
-def _in_batches(send: Any, paths: Sequence[str]) -> dict[str, Any]:
-    """``send(batch, append)`` for each batch of at most MAX_HINT_PATHS paths (what one
-    request may carry), the first
-    replacing the order; the answers summed (``window_bytes`` as last answered)."""
-    total: dict[str, Any] = {"paths": 0, "bytes": 0}
-    for i in range(0, max(len(paths), 1), MAX_HINT_PATHS):
-        answer = send(list(paths[i : i + MAX_HINT_PATHS]), i > 0)
-        total = {**answer, "paths": total["paths"] + answer["paths"], "bytes": total["bytes"] + answer["bytes"]}
-    return total

@@ -8,7 +8,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from fabric.fsspec import FabricFileSystem
-from fabric.fsspec.errors import fs_errors
 from fabric.fsspec.locations import parse
 
 PROTOCOL = "fabric://"
@@ -53,11 +52,8 @@ class Source:
             if loc is None:
                 raise ValueError(f"{url!r}: name a repository (fabric://REPO@REF/prefix)")
             if (loc.repo, loc.ref) not in commits:
-                with fs_errors(path):
-                    plane = self.fs.plane
-                    ref = loc.ref if loc.ref is not None else plane.get_repo(loc.repo)["default_branch"]
-                    commits[loc.repo, loc.ref] = plane.resolve_commit(loc.repo, ref)
-            out.append((f"{loc.repo}@{commits[loc.repo, loc.ref]}", loc.key))
+                commits[loc.repo, loc.ref] = self.fs.pin(path).partition("/")[0]  # REPO@COMMIT
+            out.append((commits[loc.repo, loc.ref], loc.key))
         return out
 
     def files(self, url: str, suffixes: Iterable[str] | None = None) -> list[tuple[str, int]]:

@@ -25,7 +25,8 @@ class HintResult(BaseModel):
     window_bytes: int
 
 
-#: The request body, for the OpenAPI document (the route reads it itself, within its limit).
+#: The request body, for the OpenAPI document. The route reads it itself (within its limit), after
+#: the permission check: a caller who may not read the repository gets 403 whatever it sent.
 HINT_BODY = {
     "requestBody": {
         "required": True,

@@ -15,7 +15,7 @@ from fabric.api.headers import InvalidRange, http_date, parse_range
 from fabric.api.routing import Authenticator, Durability, PlaneGetter, caller, changes_body
 from fabric.errors import BadRequest, FabricError, RangeNotSatisfiable, Unavailable
 from fabric.format.model import Entry
-from fabric.format.paths import COMMIT_ID_RE
+from fabric.format.paths import is_full_commit_id
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.wire import MSGPACK, STAGE_SINCE_HEADER, STAGING_SEQ_HEADER, entry_json
 
@@ -269,6 +269,6 @@ def _stage_since(value: str | None) -> tuple[int, str] | None:
     if value is None:
         return None
     parts = value.split()
-    if len(parts) != 2 or not parts[0].isdigit() or not COMMIT_ID_RE.fullmatch(parts[1]) or len(parts[1]) != 64:
+    if len(parts) != 2 or not parts[0].isdigit() or not is_full_commit_id(parts[1]):
         raise BadRequest(f"{STAGE_SINCE_HEADER} must be 'SEQ HEAD' (a staging seq and a full commit id), not {value!r}")
     return int(parts[0]), parts[1]

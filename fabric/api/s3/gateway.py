@@ -36,11 +36,12 @@ from fabric.api.s3.buckets import BucketHandlers
 from fabric.api.s3.dispatch import Dispatcher
 from fabric.api.s3.listing import Listing
 from fabric.api.s3.locations import BucketLocations, Locations
-from fabric.api.s3.multipart import Uploads, UploadStore
+from fabric.api.s3.multipart import Uploads
 from fabric.api.s3.multipart_handlers import MultipartHandlers
 from fabric.api.s3.namespace import BindingLookup, Namespace, plane_bindings
 from fabric.api.s3.objects import ObjectHandlers
 from fabric.api.s3.transport import AsgiTransport, GatewayStats
+from fabric.catalog.uploads import UploadStore
 from fabric.plane.dataplane import DataPlane
 
 

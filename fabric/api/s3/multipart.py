@@ -6,7 +6,7 @@ sink), so only their chunk lists and MD5s are kept, in an
 process serves every upload), or :class:`Uploads`, a SQLite file in a spoke
 gateway's state directory. Completing an upload concatenates the parts'
 chunk lists into one file entry; nothing is copied. A completed upload is
-remembered for :data:`COMPLETED_TTL` (S3 answers a repeated completion with the
+remembered for :data:`~fabric.catalog.uploads.COMPLETED_TTL` (S3 answers a repeated completion with the
 same result), and the object keeps its part sizes (:func:`encode_part_sizes`) so
 that GET/HEAD ``?partNumber=N`` can serve one part.
 """
@@ -17,12 +17,7 @@ import hashlib
 import os
 
 from fabric.catalog.db import Database
-from fabric.catalog.uploads import COMPLETED_TTL, Completed, Part, Upload, UploadStore
-
-__all__ = [
-    "COMPLETED_TTL", "MAX_PARTS", "MAX_PART_SIZE", "MIN_PART_SIZE", "Completed", "Part", "Upload", "UploadStore",
-    "Uploads", "decode_part_sizes", "encode_part_sizes", "multipart_etag",
-]
+from fabric.catalog.uploads import UploadStore
 
 MIN_PART_SIZE = 5 * 1024 * 1024
 MAX_PART_SIZE = 5 * 1024 * 1024 * 1024

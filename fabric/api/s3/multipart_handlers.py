@@ -21,19 +21,12 @@ from fabric.api.s3 import xml as X
 from fabric.api.s3.auth import require
 from fabric.api.s3.entrymeta import PARTS, slash_key
 from fabric.api.s3.errors import S3Error, from_fabric
-from fabric.api.s3.multipart import (
-    MAX_PART_SIZE,
-    MAX_PARTS,
-    MIN_PART_SIZE,
-    Upload,
-    UploadStore,
-    encode_part_sizes,
-    multipart_etag,
-)
+from fabric.api.s3.multipart import MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE, encode_part_sizes, multipart_etag
 from fabric.api.s3.namespace import Bucket, Namespace, stored_entry
 from fabric.api.s3.objects import ObjectHandlers, meta_from_headers
 from fabric.api.s3.request import Ctx, iso8601, owner_xml, xml_response
 from fabric.api.s3.transport import GatewayStats, Response
+from fabric.catalog.uploads import Upload, UploadStore
 from fabric.errors import BadRequest, FabricError, NotFound
 from fabric.format.ingest import file_entry
 from fabric.plane.dataplane import DataPlane
