@@ -61,7 +61,9 @@ by --commit-interval / --commit-on-unmount. fsync returns once the data is
 durable at --durability: with `local` (mounting a spoke) once the spoke has
 it on disk, even while the hub is away, and the spoke pushes it to the hub
 in the background; with `hub` once the hub has stored it. Mounting a hub,
-both mean the hub.
+both mean the hub. A file written in order from empty (a checkpoint shard)
+is chunked and sent while it is written, so its fsync waits only for the
+last few MiB and the durability round trip.
 
 The mount outlives its server: while the server restarts (or every server
 of a list is away), requests wait and resume; after --server-timeout
@@ -76,7 +78,9 @@ Errors for what the mount does not do:
   EILSEQ        file names that are not valid UTF-8
   ENAMETOOLONG  names over 255 bytes, paths over 4096 bytes
   EIO           server away for longer than --server-timeout
-  ENOSPC        the spoke has no room left for writes not yet at the hub
+  ENOSPC        the spoke has had no room for writes not yet at the hub for
+                its --full-wait (a write first waits while the spoke pushes
+                earlier ones to the hub: back-pressure, not failure)
 
 Starts the mount in the background and returns once it is ready
 (--foreground stays attached). The log, with per-operation latency
@@ -93,6 +97,7 @@ statistics, is at --log-file.
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process until unmounted (logs to stderr unless --log-file).")
 @click.option("--allow-other", is_flag=True, help="Let other users use the mount (permission bits still apply; non-root users need user_allow_other in /etc/fuse.conf).")
 @click.option("--durability", type=click.Choice(["local", "hub"]), default="local", show_default=True, help="When fsync and close return: local = stored on the server mounted (the spoke's disk); hub = stored at the hub.")
+@click.option("--no-stream-writes", is_flag=True, help="Chunk and send a file only when it is fsynced or closed (default: a file written in order from empty is chunked and sent while it is written, so fsync costs only its tail).")
 @click.option("--commit-interval", type=float, default=0, metavar="SECONDS", show_default=True, help="With --rw, commit staged changes every SECONDS (0: never; use `fabric commit`).")
 @click.option("--commit-on-unmount", is_flag=True, help="With --rw, commit staged changes when unmounted.")
 @click.option("--commit-message", default="fabric mount", show_default=True, help="Message of the mount's own commits.")
@@ -120,6 +125,7 @@ def mount(
     foreground: bool,
     allow_other: bool,
     durability: str,
+    no_stream_writes: bool,
     commit_interval: float,
     commit_on_unmount: bool,
     commit_message: str,
@@ -188,6 +194,7 @@ def mount(
         commit_on_unmount=commit_on_unmount,
         commit_message=commit_message,
         durability=durability,
+        stream_writes=not no_stream_writes,
     )
     run_foreground(server_url, token, cfg, mountpoint, allow_other, fuse_options, ready_fd, stats_interval)
 

@@ -23,4 +23,5 @@ class MountConfig:
     commit_on_unmount: bool = False
     commit_message: str = "fabric mount"
     durability: str = "local"
+    stream_writes: bool = True  # chunk and send files written in order while they are written
     fetch_workers: int = 4

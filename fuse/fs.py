@@ -113,6 +113,8 @@ class FabricFS(mfusepy.Operations):
     def destroy(self, path: str) -> None:
         self.commits.stop()
         self.reads.close()
+        if self.state.streams is not None:
+            self.state.streams.shutdown()
         log.info("unmounted; operation latencies:\n%s", self.stats.report())
 
     # -- attributes ------------------------------------------------------------------

@@ -217,6 +217,7 @@ def write_stats(mountpoint: str, fs: FabricFS) -> None:
         "server_outages": fs.health.outages,
         "server_retries": fs.health.retries,
         "unstaged_files": sum(1 for w in list(fs.state.files.values()) if w.dirty),
+        "streamed_writes": fs.state.streams.snapshot() if fs.state.streams is not None else None,
     }
     tmp = stats_path(mountpoint) + ".tmp"
     with open(tmp, "w") as f:

@@ -40,6 +40,7 @@ from fuse.handles import Handles
 from fuse.inodes import Inodes
 from fuse.namespace import Namespace, split
 from fuse.pathlocks import PathLocks
+from fuse.streaming import StreamPool
 from fuse.writer import WFile
 
 
@@ -70,6 +71,8 @@ class MountState:
         self.kernel_sig: dict[str, tuple] = {}
         self.handles = Handles()
         self.inodes = Inodes()  # st_ino of each name (hard links share one)
+        #: Background chunking of files written in order (None: every file is chunked at sync).
+        self.streams = StreamPool() if self.writable and config.stream_writes else None
 
     def need_rw(self) -> None:
         if not self.writable:

@@ -67,6 +67,12 @@ class WritePath:
             self.write_dir = tempfile.mkdtemp(prefix="fabric-mount-")
         return self.write_dir
 
+    def _stream(self, wf: WFile) -> None:
+        """Chunk ``wf`` while it is written, if it is empty and local (``wf.lock`` held)."""
+        st = self.state
+        if st.streams is not None and wf.stream is None and wf.fd is not None and wf.size == 0:
+            wf.attach_stream(st.streams.open(wf.fd, lambda: st.plane.inner.chunk_sink(st.repo)))
+
     def _materialize(self, wf: WFile) -> None:
         if wf.fd is None:
             base = wf.base
@@ -80,6 +86,7 @@ class WritePath:
             if truncate and (wf.size or wf.fd is None):
                 wf.materialize(None)
                 wf.truncate(0)
+            self._stream(wf)
             wf.opens += 1
         fi.fh = self.state.handles.add(WHandle(wf, True))
         fi.keep_cache = 0
@@ -98,6 +105,7 @@ class WritePath:
             st.check_new(p)
             uid, gid, mode = st.new_owner(p, mode & 0o7777, False)
             wf = WFile(p, None, self._write_dir(), mode, uid, gid)
+            self._stream(wf)
             wf.opens += 1
             with st.mu:
                 st.files[p] = wf
@@ -149,6 +157,7 @@ class WritePath:
             else:
                 self._materialize(wf)
             wf.truncate(length)
+            self._stream(wf)
         if wf.opens == 0:
             self.sync_and_forget(wf)
 
@@ -201,6 +210,9 @@ class WritePath:
             def upload(plane: DataPlane) -> Entry:
                 if not content_changed:
                     return wf.attrs_entry()
+                streamed = wf.streamed_entry()
+                if streamed is not None:
+                    return streamed
                 sink = plane.chunk_sink(st.repo)
                 entry = wf.build_entry(sink)
                 sink.close()

@@ -29,6 +29,7 @@ import time
 from fabric.format.ingest import HOLE_MIN, Run, ingest_runs
 from fabric.format.model import FILE, HOLE_ID, Entry
 from fuse.reader import FileReader
+from fuse.streaming import ContentStream
 
 #: The MD5 of no bytes: the ETag of an empty file.
 EMPTY_MD5 = hashlib.md5(b"").hexdigest()
@@ -136,6 +137,9 @@ class WFile:
         self.syncing = 0  # the generation being staged right now (0: none)
         self.lock = threading.RLock()
         self.last_error: BaseException | None = None
+        #: The content chunked while it is written (fuse/streaming.py), while the file is
+        #: written in order from empty; None otherwise.
+        self.stream: ContentStream | None = None
         if base is None:
             self._new_fd()
 
@@ -194,25 +198,48 @@ class WFile:
 
     def write(self, data: bytes, offset: int) -> int:
         assert self.fd is not None
-        n = os.pwrite(self.fd, data, offset)
+        if self.stream is not None:
+            n = self.stream.write(data, offset)
+            self._forget_broken_stream()
+        else:
+            n = os.pwrite(self.fd, data, offset)
         self.size = max(self.size, offset + n)
         self.touch()
         return n
 
     def truncate(self, length: int) -> None:
         assert self.fd is not None
-        os.ftruncate(self.fd, length)
+        if self.stream is not None:
+            self.stream.truncate(length)
+            self._forget_broken_stream()
+        else:
+            os.ftruncate(self.fd, length)
         self.size = length
         self.touch()
 
     def allocate(self, offset: int, length: int) -> None:
         assert self.fd is not None
+        if self.stream is not None:
+            self.stream.give_up()
+            self.stream = None
         os.posix_fallocate(self.fd, offset, length)
         if offset + length > self.size:
             self.size = offset + length
             self.touch()
 
+    def attach_stream(self, stream: ContentStream | None) -> None:
+        """Chunk this file while it is written (it must be empty, with no stream yet)."""
+        assert self.fd is not None and self.size == 0 and self.stream is None
+        self.stream = stream
+
+    def _forget_broken_stream(self) -> None:
+        if self.stream is not None and self.stream.broken:
+            self.stream = None
+
     def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -223,15 +250,24 @@ class WFile:
         assert self.base is not None
         return self.base.with_(mode=self.mode, uid=self.uid, gid=self.gid, mtime_ns=self.mtime_ns, ctime_ns=self.ctime_ns, meta=dict(self.meta))
 
+    def streamed_entry(self) -> Entry | None:
+        """The file entry from the chunks sent while it was written (all stored at the server),
+        or None when it must be chunked whole (:meth:`build_entry`)."""
+        if self.stream is None or self.fd is None:
+            return None
+        streamed = self.stream.finish()
+        self._forget_broken_stream()
+        return None if streamed is None else self._entry(*streamed)
+
     def build_entry(self, sink) -> Entry:
         """Chunk the local content into ``sink`` (not closed here) and return the file entry."""
         if self.fd is None:
             return self.attrs_entry()
         if self.size == 0:
-            chunks: list[tuple[bytes, int]] = []
-            md5 = EMPTY_MD5
-        else:
-            chunks, md5 = ingest_runs(file_runs(self.fd, self.size), sink)
+            return self._entry([], EMPTY_MD5)
+        return self._entry(*ingest_runs(file_runs(self.fd, self.size), sink))
+
+    def _entry(self, chunks: list[tuple[bytes, int]], md5: str) -> Entry:
         return Entry(
             FILE,
             self.size,

@@ -103,6 +103,16 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve HTTPS (REST and S3) with this certificate (PEM).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Private key for --tls-cert (PEM).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True)
+@click.option(
+    "--full-wait",
+    type=click.FloatRange(0, 3600),
+    default=120.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With local durability, writes not yet at the hub are pinned in the cache, within its budget. When it is full, "
+    "a write waits until the write-back has moved enough to the hub (back-pressure: writers slow to the link's pace) "
+    "for at most SECONDS, then fails with 'insufficient storage' (507; ENOSPC in a mount). 0: fail at once (fail-fast).",
+)
 @handle_errors
 def spoke(
     hub_url: str,
@@ -121,6 +131,7 @@ def spoke(
     peers: str | None,
     advertise: str | None,
     peer_timeout: float,
+    full_wait: float,
     no_auth: bool,
     tls_cert: str | None,
     tls_key: str | None,
@@ -173,6 +184,7 @@ def spoke(
         group=group,
         peers=peer_urls,
         advertise=advertise,
+        full_wait=full_wait,
         peer_timeouts=Timeouts(connect=min(1.0, peer_timeout), read=peer_timeout, write=peer_timeout, pool=peer_timeout, slow=peer_timeout),
     )
     auth = keys = None

@@ -63,6 +63,8 @@ ANSWER_TTL = 30.0
 UPSTREAM_METRICS = "fabric_upstream"
 #: How long a call to the hub may wait: a hub that stays silent longer counts as unreachable (the
 #: circuit breaker opens and reads are served as while it is down). ``fabric spoke --hub-timeout``.
+#: How long a ``local`` write waits for room among the pinned chunks before CacheFull (507).
+FULL_WAIT = 120.0
 HUB_TIMEOUTS = Timeouts(connect=5.0, read=10.0, write=60.0, pool=10.0, slow=300.0)
 
 
@@ -118,6 +120,7 @@ class SpokePlane(DataPlane):
         peers: Sequence[str] = (),
         advertise: str | None = None,
         peer_timeouts: Timeouts = PEER_TIMEOUTS,
+        full_wait: float = FULL_WAIT,
     ) -> None:
         """``group``: join this spoke group at the hub; ``peers``: a fixed group of these
         spokes instead; either needs ``advertise``, the URL the other members reach this
@@ -126,7 +129,9 @@ class SpokePlane(DataPlane):
         (default :func:`spoke.hints.default_window` of the chunk cache's budget).
         ``prefetch_share``: the share of the fetch workers learned (background) prefetch may
         keep busy (at least one; 0 turns learned prefetch off); ``prefetch_window``: the most
-        bytes it fetches ahead of a job (default: the hint window) (:mod:`spoke.learned`)."""
+        bytes it fetches ahead of a job (default: the hint window) (:mod:`spoke.learned`).
+        ``full_wait``: how long a ``local`` write waits for the write-back to free room in a
+        cache full of writes not yet at the hub (back-pressure) before it fails (0: at once)."""
         if not 0 <= prefetch_share <= 1:
             raise BadRequest(f"the prefetch share is a fraction of the fetch workers, 0 to 1, not {prefetch_share}")
         if durability not in (HUB, LOCAL):
@@ -135,6 +140,9 @@ class SpokePlane(DataPlane):
             raise BadRequest("a spoke is in a group registered at the hub (group) or in a fixed list (peers), not both")
         if (group is not None or bool(peers)) != (advertise is not None):
             raise BadRequest("a spoke in a group needs the URL its peers reach it at (advertise), and only then")
+        if not 0 <= full_wait <= 3600:
+            raise BadRequest(f"the full wait is 0 to 3600 seconds, not {full_wait}")
+        self.full_wait = full_wait
         self.traffic = Traffic()
         #: Bytes to and from the other spokes of the group (the LAN), apart from the hub's.
         self.peer_traffic = Traffic("peer")
@@ -486,7 +494,7 @@ class SpokePlane(DataPlane):
         """Keep a pack's frames (chunks of ``repo``) pinned (and on disk for good) in the cache
         until the queued writes that use them reach the hub, and start sending them there;
         how many were new here."""
-        new = self.chunk_cache.put_pinned((c.id, pack[c.offset : c.offset + c.length]) for c in chunks)
+        new = self.chunk_cache.put_pinned(((c.id, pack[c.offset : c.offset + c.length]) for c in chunks), wait=self.full_wait)
         self.ownership.learn(repo, (c.id for c in chunks))
         self.writeback.send_early(repo, [c.id for c in chunks])
         return new

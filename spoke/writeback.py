@@ -27,7 +27,11 @@ at the hub since then, so a replay never overwrites newer data. Paths left out
 
 Chunks uploaded with ``local`` durability are also sent on early (see
 :meth:`WriteBack.send_early`): the push to the hub overlaps the client's
-upload instead of starting when its entries are queued. They stay pinned for
+upload instead of starting when its entries are queued. Once at the hub they
+are unpinned (unless a queued write needs them), so the room they held in the
+cache's pinned budget is free for the next writes: a writer that fills the
+budget waits for the push (back-pressure, see ``SpokePlane.full_wait``), at
+the pace of the link. Chunks not sent on early stay pinned for
 ``upload_hold`` seconds waiting for the entries that use them; a client that
 never stages them (it crashed) does not keep them pinned for longer.
 """
@@ -421,6 +425,9 @@ class WriteBack:
             for _ in batch:
                 self._early.popleft()
         self.early_sent += sent
+        # At the hub now (whose gc spares new chunks for hours): they need not hold room among
+        # the pinned bytes, which a writer may be waiting for. A queued entry keeps its own pinned.
+        self._unpin_unneeded(cid for _, cid in batch)
 
     def _push_chunks(self, repo: str, ids: list[bytes], skip_absent: bool = False) -> int:
         """Upload the chunks of ``ids`` the hub lacks as chunks of ``repo``, from the cache;

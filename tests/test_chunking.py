@@ -231,3 +231,58 @@ def test_local_edit_in_10MiB_changes_only_a_few_chunks(edit: str) -> None:
         j += 1
     assert sum(len(p) for p in old_pieces[len(old) - j :]) >= len(data) - mid - 2 * MAX_CHUNK
     assert len(new) - k - j <= 3
+
+
+class _ListSink:
+    """A sink that holds what it is given (a destination that lacks nothing it was not given)."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[bytes, bytes] = {}
+        self.closed = 0
+        self.new_chunks = self.new_bytes = self.stored_bytes = 0
+
+    def filter_new(self, ids):
+        return {cid for cid in ids if cid not in self.chunks}
+
+    def add(self, cid, raw) -> None:
+        self.chunks[cid] = bytes(raw)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stream_chunker_matches_a_whole_ingest_whatever_the_blocks(seed: int) -> None:
+    from fabric.format.ingest import StreamChunker
+
+    rnd = random.Random(seed)
+    data = _random(3 * 1024 * 1024 + rnd.randrange(100_000), seed)
+    sink = _ListSink()
+    chunker = StreamChunker(lambda: sink)
+    pos = 0
+    while pos < len(data):
+        n = rnd.choice([1, 4096, MIN_CHUNK - 1, MAX_CHUNK + 1, 700_000])
+        chunker.feed(data[pos : pos + n])
+        pos += n
+    assert len(sink.chunks) > 0 and not sink.closed  # sent while fed, before finish
+    chunks, md5 = chunker.finish()
+    assert chunks == [(chunk_id(p), len(p)) for p in cut(data)]
+    assert md5 == hashlib.md5(data).hexdigest() and sink.closed == 1
+    assert b"".join(sink.chunks[cid] for cid, _ in chunks) == data
+
+
+def test_stream_chunker_goes_on_after_a_finish() -> None:
+    from fabric.format.ingest import StreamChunker
+
+    data = _random(1024 * 1024, 9)
+    sinks: list[_ListSink] = []
+    chunker = StreamChunker(lambda: sinks.append(_ListSink()) or sinks[-1])
+    chunker.feed(data[:300_000])
+    first, _ = chunker.finish()  # a sync in the middle of the file
+    assert sum(n for _, n in first) == 300_000
+    chunker.feed(data[300_000:])
+    chunks, md5 = chunker.finish()
+    assert chunks == [(chunk_id(p), len(p)) for p in cut(data)] and md5 == hashlib.md5(data).hexdigest()
+    assert all(s.closed == 1 for s in sinks) and len(sinks) == 2
+    empty = StreamChunker(lambda: _ListSink())
+    assert empty.finish() == ([], hashlib.md5(b"").hexdigest())

@@ -287,6 +287,26 @@ def test_writes_are_staged_until_commit(hub: Hub, admin_fs):
         admin_fs.commit(f"{repo}@main", "again")
 
 
+def test_a_file_being_written_is_at_the_server_before_it_is_closed(hub: Hub, admin_fs):
+    from fabric.format import chunking
+
+    repo = new_repo(hub, "stream")
+    plane = hub.plane()
+    data = incompressible(24 * 1024 * 1024, 4)
+    chunks = [(chunking.chunk_id(p), len(p)) for p in chunking.cut(data)]
+    with admin_fs.open(f"{repo}@main/shard.bin", "wb", block_size=4 * 1024 * 1024) as f:
+        for i in range(0, len(data), 1024 * 1024):
+            f.write(data[i : i + 1024 * 1024])
+        f._fed()  # (the block in flight)
+        missing = set(plane.missing_chunks([cid for cid, _ in chunks], repo=repo))
+        held = sum(n for cid, n in chunks if cid not in missing)
+        assert held >= 16 * 1024 * 1024  # every full block but the last chunk, before close
+        assert not list(plane.uncommitted(repo, "main"))  # staged only on close
+    entry = plane.stat_chunks(repo, "main", "shard.bin")
+    assert list(entry.chunks) == chunks and entry.md5 == hashlib.md5(data).hexdigest()
+    assert admin_fs.cat(f"{repo}@main/shard.bin") == data
+
+
 def test_commit_option_commits_after_each_write(hub: Hub):
     repo = new_repo(hub, "autoc")
     plane = hub.plane()

@@ -23,6 +23,7 @@ from fabric.format.chunking import chunk_id
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.model import Entry
 from spoke.plane import SpokePlane
+from testbed.wanproxy import WanProxy
 from tests.hubserver import unique_name
 from tests.spokeserver import (
     RestartableHub,
@@ -348,7 +349,6 @@ def test_uploaded_chunks_that_no_entry_claims_are_unpinned_after_the_hold(hub, t
     try:
         entry = _local_upload(plane, repo, random_bytes(1_500_000, 31))
         ids = list(dict.fromkeys(cid for cid, _ in entry.chunks))
-        assert plane.stats()["cache_pinned_bytes"] >= 1_500_000
         wait_for(lambda: plane.stats()["cache_pinned_bytes"] == 0, timeout=30, interval=0.1)
         assert all(cid in plane.chunk_cache for cid in ids)
         assert hub.plane().missing_chunks(ids) == []
@@ -367,4 +367,64 @@ def test_local_writes_beyond_the_pinned_budget_are_refused_whole_with_507(hub, t
             _local_upload(sp, repo, random_bytes(4_000_000, 41))
         assert spoke.stats()["cache_pinned_bytes"] == 0
         entry = _local_upload(sp, repo, random_bytes(1_000_000, 42))  # what fits is taken
-        assert spoke.stats()["cache_pinned_bytes"] >= 1_000_000 and entry.size == 1_000_000
+        ids = [cid for cid, _ in entry.chunks]
+        assert entry.size == 1_000_000 and sp.missing_chunks(ids, "local", repo=repo) == []
+
+
+def test_a_full_pinned_budget_slows_local_writes_to_the_link_and_loses_nothing(hub, tmp_path) -> None:
+    """Back-pressure: three times the pinned budget written with local durability through a
+    10 MB/s link to the hub. No write fails: each waits until the write-back has moved
+    enough to the hub, so the writer runs at about the link's pace, and every byte lands."""
+    repo = unique_name("press")
+    hub.plane().create_repo(repo)
+    data = random_bytes(60 << 20, 43)
+    hub_port = int(hub.url.rsplit(":", 1)[1])
+    with WanProxy("127.0.0.1", hub_port, rate_mbit=80) as wan:
+        with start_spoke(wan.url_for(), tmp_path / "cache", "24MiB", token=hub.token) as spoke:
+            budget = 24 << 20
+            sp = spoke.plane()
+            t0 = time.monotonic()
+            entry = _local_upload(sp, repo, data)
+            took = time.monotonic() - t0
+            sp.stage(repo, "main", {"big.bin": entry}, "local")
+            # At least the bytes beyond the budget crossed the 10 MB/s link before the last pack was taken.
+            assert took >= (len(data) - budget) / 10e6 * 0.8, took
+            wait_for(lambda: spoke.stats()["writeback_pending"] == 0, timeout=60, interval=0.2)
+    assert hub.plane().read(repo, "main", "big.bin") == data
+
+
+def test_with_full_wait_0_a_full_budget_fails_at_once_and_pins_nothing_more(hub, tmp_path) -> None:
+    """Fail-fast (``--full-wait 0``) with the hub away: the write that does not fit is
+    refused at once (507), and what was taken before stays queued."""
+    repo = unique_name("fast")
+    hub.plane().create_repo(repo)
+    hub_port = int(hub.url.rsplit(":", 1)[1])
+    with WanProxy("127.0.0.1", hub_port) as wan:
+        with start_spoke(wan.url_for(), tmp_path / "cache", "8MiB", token=hub.token, args=["--full-wait", "0"]) as spoke:
+            sp = spoke.plane()
+            sp.missing_chunks([bytes(32)], "local", repo=repo)  # the spoke has seen the token
+            sp.missing_chunks([bytes(32)], "local", repo=repo)  # the spoke has seen the token
+            wan.cut()  # the hub is away: nothing leaves the pinned budget
+            first = _local_upload(sp, repo, random_bytes(3 << 20, 44))
+            pinned = spoke.stats()["cache_pinned_bytes"]
+            t0 = time.monotonic()
+            with pytest.raises(StorageFull, match="cache budget"):
+                _local_upload(sp, repo, random_bytes(5 << 20, 45))
+            assert time.monotonic() - t0 < 5
+            assert spoke.stats()["cache_pinned_bytes"] == pinned >= 3 << 20 and first.size == 3 << 20
+
+
+def test_full_wait_bounds_how_long_a_write_waits_for_an_unreachable_hub(hub, tmp_path) -> None:
+    repo = unique_name("bound")
+    hub.plane().create_repo(repo)
+    hub_port = int(hub.url.rsplit(":", 1)[1])
+    with WanProxy("127.0.0.1", hub_port) as wan:
+        with start_spoke(wan.url_for(), tmp_path / "cache", "8MiB", token=hub.token, args=["--full-wait", "2"]) as spoke:
+            sp = spoke.plane()
+            sp.missing_chunks([bytes(32)], "local", repo=repo)  # the spoke has seen the token
+            wan.cut()
+            _local_upload(sp, repo, random_bytes(3 << 20, 46))
+            t0 = time.monotonic()
+            with pytest.raises(StorageFull, match="after waiting 2 s"):
+                _local_upload(sp, repo, random_bytes(5 << 20, 47))
+            assert 1.5 < time.monotonic() - t0 < 30

@@ -43,6 +43,7 @@ import ctypes
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ class DiskCache:
         self.window_cap = int(budget * WINDOW_FRACTION)
         self._verify = verify
         self._lock = threading.Lock()
+        self._unpinned = threading.Condition(self._lock)  # pinned bytes went down
         self._window: OrderedDict[bytes, _Item] = OrderedDict()
         self._main: OrderedDict[bytes, _Item] = OrderedDict()
         self._pinned: dict[bytes, _Item] = {}
@@ -229,25 +231,34 @@ class DiskCache:
             return True
         return self._store(key, data)
 
-    def put_pinned(self, blobs: Iterable[tuple[bytes, bytes]]) -> int:
+    def put_pinned(self, blobs: Iterable[tuple[bytes, bytes]], wait: float = 0.0) -> int:
         """Pin a batch of blobs, on disk for good when this returns: one sync of the file
         system for the batch, not an fsync per blob. How many were not cached before.
 
-        All or nothing: CacheFull when the batch cannot fit beside what is pinned, and
-        the OSError of a blob that cannot be written or synced, leave none of the batch
+        When the batch cannot fit beside what is pinned, wait up to ``wait`` seconds for
+        blobs to be unpinned (back-pressure: the writer is slowed to the pace at which
+        pinned blobs are released), then CacheFull. All or nothing: CacheFull, and the
+        OSError of a blob that cannot be written or synced, leave none of the batch
         pinned (blobs cached before stay cached, unpinned)."""
-        return self._pin_batch(dict(blobs), durable=False)
+        return self._pin_batch(dict(blobs), durable=False, wait=wait)
 
-    def _pin_batch(self, batch: dict[bytes, bytes], durable: bool) -> int:
+    def _pin_batch(self, batch: dict[bytes, bytes], durable: bool, wait: float = 0.0) -> int:
         """Reserve and pin the whole batch under the lock, then write its files; ``durable``
         fsyncs each file, else one sync of the file system covers the batch."""
+        deadline = time.monotonic() + wait
         with self._lock:
-            extra = sum(len(data) for key, data in batch.items() if key not in self._pinned)
-            if self._pinned_bytes + extra > self.budget:
-                raise CacheFull(
-                    f"{extra} more bytes pinned would exceed the cache budget of {self.budget} bytes "
-                    f"({self._pinned_bytes} pinned by writes not yet at the hub)"
-                )
+            while True:
+                extra = sum(len(data) for key, data in batch.items() if key not in self._pinned)
+                left = deadline - time.monotonic()
+                if self._pinned_bytes + extra <= self.budget:
+                    break
+                if extra > self.budget or left <= 0:
+                    waited = f" after waiting {wait:g} s for pinned blobs to be released" if wait > 0 else ""
+                    raise CacheFull(
+                        f"{extra} more bytes pinned would exceed the cache budget of {self.budget} bytes "
+                        f"({self._pinned_bytes} pinned by writes not yet at the hub){waited}"
+                    )
+                self._unpinned.wait(left)
             promoted = [key for key in batch if key not in self._pinned and self._pin_locked(key)]
             fresh = [key for key in batch if key not in self._pinned]
             # A blob another writer has in flight may not be on disk yet: this batch writes it too.
@@ -393,6 +404,8 @@ class DiskCache:
             if item is None:
                 continue
             setattr(self, f"{src}_bytes", getattr(self, f"{src}_bytes") - item.size)
+            if src == "_pinned":
+                self._unpinned.notify_all()
             if to is not None:
                 getattr(self, to)[key] = item
                 setattr(self, f"{to}_bytes", getattr(self, f"{to}_bytes") + item.size)

@@ -94,13 +94,72 @@ class Ingester:
                 self.flush()
 
     def flush(self) -> None:
-        new = self.sink.filter_new([cid for cid, _ in self._window])
-        for cid, data in self._window:
-            if cid in new:
-                new.discard(cid)
-                self.sink.add(cid, data)
+        send_new(self.sink, self._window)
         self._window.clear()
         self._pending = 0
+
+
+class StreamChunker:
+    """Chunks content fed in order, block by block, sending each finished chunk to a sink as
+    soon as it is cut, so that the end of a long write costs only its last chunk.
+
+    The chunk list and MD5 are those of ingesting the whole content at once (the
+    unfinished last chunk of each block is cut again with the next block). Memory: one
+    block plus one unfinished chunk, and the sink's partial pack. :meth:`finish` may be
+    called at any point and again later: content fed afterwards extends the same file.
+    Not thread-safe: one thread feeds at a time.
+    """
+
+    def __init__(self, new_sink: Callable[[], ChunkSink]) -> None:
+        self._new_sink = new_sink
+        self._sink: ChunkSink | None = None
+        self._carry = b""  # the unfinished last chunk
+        self._chunks: list[tuple[bytes, int]] = []
+        self._md5 = hashlib.md5()
+
+    def feed(self, block: bytes | memoryview) -> None:
+        """Cut ``block`` after what was fed before; send every chunk but the last, which may still grow."""
+        if not len(block):
+            return
+        pieces = list(chunking.cut(self._carry + bytes(block) if self._carry else block))
+        done = pieces[:-1]
+        ids = [chunking.chunk_id(p) for p in done]
+        for cid, piece in zip(ids, done):
+            self._md5.update(piece)
+            self._chunks.append((cid, len(piece)))
+        self._send(list(zip(ids, done)))
+        self._carry = bytes(pieces[-1])
+
+    def finish(self) -> tuple[list[tuple[bytes, int]], str]:
+        """The chunk list and MD5 of everything fed so far, every chunk stored at the sink's destination."""
+        chunks = list(self._chunks)
+        md5 = self._md5.copy()
+        if self._carry:  # the last chunk ends where the content does, for now
+            cid = chunking.chunk_id(self._carry)
+            md5.update(self._carry)
+            chunks.append((cid, len(self._carry)))
+            self._send([(cid, self._carry)])
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            sink.close()
+        return chunks, md5.hexdigest()
+
+    def _send(self, pairs: list[tuple[bytes, bytes | memoryview]]) -> None:
+        if pairs:
+            if self._sink is None:
+                self._sink = self._new_sink()
+            send_new(self._sink, pairs)
+
+
+def send_new(sink: ChunkSink, pairs: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
+    """Add to ``sink`` the chunks of ``pairs`` its destination lacks (one question for all of them)."""
+    if not pairs:
+        return
+    new = sink.filter_new([cid for cid, _ in pairs])
+    for cid, data in pairs:
+        if cid in new:
+            new.discard(cid)
+            sink.add(cid, data)
 
 
 def ingest_stream(stream: BinaryIO, sink: ChunkSink) -> tuple[list[tuple[bytes, int]], str]:

@@ -1,14 +1,16 @@
-"""Open files of ``fabric://``: reads by whole chunks with readahead, writes staged on close."""
+"""Open files of ``fabric://``: reads by whole chunks with readahead, writes chunked and sent
+while they are written and staged on close."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fsspec.spec import AbstractBufferedFile
 
 from fabric.cache.lru import BytesLRU
+from fabric.format.ingest import StreamChunker, file_entry
 from fabric.format.model import Entry
 from fabric.fsspec import chunks
 from fabric.fsspec.errors import fs_errors
@@ -21,8 +23,9 @@ if TYPE_CHECKING:
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 #: Decoded chunks an open file keeps, so reads that share a chunk fetch it once.
 CHUNK_CACHE_BYTES = 8 * 1024 * 1024
-#: A file being written stays in memory up to this size, then goes to a temporary file.
-SPOOL_BYTES = 16 * 1024 * 1024
+#: Where the blocks of files being written are chunked, hashed, compressed and sent (each
+#: file feeds one block at a time, in order, while the application fills the next).
+_CHUNKERS = ThreadPoolExecutor(4, thread_name_prefix="fabric-fsspec-write")
 
 
 class FabricReadFile(AbstractBufferedFile):
@@ -51,34 +54,48 @@ class FabricReadFile(AbstractBufferedFile):
 
 
 class FabricWriteFile(AbstractBufferedFile):
-    """A file written to a branch: kept locally (memory, then a temporary file) and stored
-    with one ``put_object`` on close, then committed if the file system has ``commit=``.
-    Leaving a ``with`` block by an exception stores nothing."""
+    """A file written to a branch. Each full block (``block_size``) is chunked and its new
+    chunks sent to the server in the background while the application writes the next one
+    (:class:`~fabric.format.ingest.StreamChunker`); on close the last chunk is sent and the
+    file staged as one entry, then committed if the file system has ``commit=``. Memory:
+    two blocks, one unfinished chunk and one partial pack. Leaving a ``with`` block by an
+    exception stages nothing (chunks already sent are left to the server's gc)."""
 
     DEFAULT_BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 
     def __init__(self, fs: FabricFileSystem, path: str, loc: Location, mode: str, **kwargs: Any) -> None:
         self._loc = loc
-        self._spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+        self._chunker = StreamChunker(lambda: fs.plane.chunk_sink(loc.repo))
+        self._feeding: Future | None = None
         super().__init__(fs, path, mode=mode, **kwargs)
 
+    def _fed(self) -> None:
+        """Wait for the block being chunked (its failure is this write's)."""
+        feeding, self._feeding = self._feeding, None
+        if feeding is not None:
+            with fs_errors(self.path):
+                feeding.result()
+
     def _upload_chunk(self, final: bool = False) -> bool:
-        self.buffer.seek(0)
-        shutil.copyfileobj(self.buffer, self._spool)
+        block = self.buffer.getvalue()
+        self._fed()
+        if block:
+            self._feeding = _CHUNKERS.submit(self._chunker.feed, block)
         if final and self.autocommit:
             self.commit()
         return True
 
     def commit(self) -> None:
-        """Store what was written (called on close, or by fsspec's transaction at its end)."""
-        self._spool.seek(0)
-        try:
-            self.fs._store(self._loc, self._spool)
-        finally:
-            self._spool.close()
+        """Stage what was written (called on close, or by fsspec's transaction at its end)."""
+        self._fed()
+        with fs_errors(self.path):
+            chunks, md5 = self._chunker.finish()
+        self.fs._stage_file(self._loc, file_entry(chunks, md5, mtime_ns=time.time_ns()))
 
     def discard(self) -> None:
-        self._spool.close()
+        feeding, self._feeding = self._feeding, None
+        if feeding is not None and not feeding.cancel():
+            feeding.exception()  # wait for it; its outcome no longer matters
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if exc_type is None:

@@ -448,10 +448,17 @@ class FabricFileSystem(AbstractFileSystem):
         return loc, branch
 
     def _store(self, loc: Location, stream: BinaryIO) -> None:
-        """Store a file written through :meth:`open` or :meth:`pipe_file` (then commit, with ``commit=``)."""
+        """Store the content of :meth:`pipe_file` (then commit, with ``commit=``)."""
         branch = self._ref(loc)
         with fs_errors(loc.name(loc.key)):
             self.plane.put_object(loc.repo, branch, loc.key, stream)
+        self._written(loc, branch)
+
+    def _stage_file(self, loc: Location, entry: Entry) -> None:
+        """Stage a file written through :meth:`open`, its chunks stored (then commit, with ``commit=``)."""
+        branch = self._ref(loc)
+        with fs_errors(loc.name(loc.key)):
+            self.plane.stage(loc.repo, branch, {loc.key: entry})
         self._written(loc, branch)
 
     def _written(self, loc: Location, branch: str) -> None:
