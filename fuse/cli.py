@@ -96,7 +96,7 @@ statistics, is at --log-file.
 @click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="API token. Env: FABRIC_TOKEN.")
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process until unmounted (logs to stderr unless --log-file).")
 @click.option("--allow-other", is_flag=True, help="Let other users use the mount (permission bits still apply; non-root users need user_allow_other in /etc/fuse.conf).")
-@click.option("--durability", type=click.Choice(["local", "hub"]), default="local", show_default=True, help="When fsync and close return: local = stored on the server mounted (the spoke's disk); hub = stored at the hub.")
+@click.option("--durability", type=click.Choice(["local", "replicated", "hub"]), default="local", show_default=True, help="When fsync and close return: local = stored on the server mounted (the spoke's disk); replicated = on the spoke's disk and on one other spoke's of its group (losing one spoke machine loses nothing); hub = stored at the hub.")
 @click.option("--no-stream-writes", is_flag=True, help="Chunk and send a file only when it is fsynced or closed (default: a file written in order from empty is chunked and sent while it is written, so fsync costs only its tail).")
 @click.option("--commit-interval", type=float, default=0, metavar="SECONDS", show_default=True, help="With --rw, commit staged changes every SECONDS (0: never; use `fabric commit`).")
 @click.option("--commit-on-unmount", is_flag=True, help="With --rw, commit staged changes when unmounted.")

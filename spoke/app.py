@@ -11,6 +11,7 @@ from fabric.plane.dataplane import DataPlane
 from .auth import SpokeAuth
 from .jobs import JobMetrics
 from .plane import SpokePlane
+from .replica_api import replica_router
 from .writeback_api import writeback_router
 
 
@@ -33,4 +34,5 @@ def create_app(plane: SpokePlane, auth: SpokeAuth | None, served: DataPlane | No
         collectors=[plane.upstream_metrics, JobMetrics(plane.fetcher.jobs)],
     )
     app.include_router(writeback_router(plane.writeback, authenticate))
+    app.include_router(replica_router(plane, authenticate))
     return app

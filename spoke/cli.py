@@ -35,7 +35,7 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.option("--s3-listen", metavar="HOST:PORT", help="Also serve the S3 API on this address. The spoke verifies S3 signatures with signing keys from the hub: its --token needs the spoke right (`fabric token create --spoke`); S3 users are served only within that token's roles.")
 @click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="The spoke's own token at the hub: create it with `fabric token create --spoke --repo '*' --role write` (read is enough for a read-only spoke; a global admin token works too, but a spoke then holds the keys to the whole hub). Env: FABRIC_TOKEN.")
 @click.option("--lease", type=float, default=10.0, show_default=True, metavar="SECONDS", help="How stale a branch head may be when the hub's watch stream is down (while it is up, heads are still checked every 6 leases).")
-@click.option("--durability", type=click.Choice(["hub", "local"]), default="hub", show_default=True, help="Default for writes: hub = stored at the hub before success; local = queued on this spoke's disk, pushed when the hub is reachable.")
+@click.option("--durability", type=click.Choice(["hub", "local", "replicated"]), default="hub", show_default=True, help="Default for writes that ask for none: hub = stored at the hub before success; local = queued on this spoke's disk, pushed when the hub is reachable; replicated = as local, and a copy kept by one other spoke of the group (needs --group or --peers) until the write is at the hub.")
 @click.option(
     "--hub-timeout",
     "hub_timeouts",
@@ -113,6 +113,15 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
     "a write waits until the write-back has moved enough to the hub (back-pressure: writers slow to the link's pace) "
     "for at most SECONDS, then fails with 'insufficient storage' (507; ENOSPC in a mount). 0: fail at once (fail-fast).",
 )
+@click.option(
+    "--replica-takeover",
+    type=click.FloatRange(1, 86400),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="This spoke keeps copies of other members' writes made with replicated durability until they reach the hub. "
+    "When the member a copy came from has not answered for SECONDS, this spoke pushes its writes to the hub itself.",
+)
 @handle_errors
 def spoke(
     hub_url: str,
@@ -132,6 +141,7 @@ def spoke(
     advertise: str | None,
     peer_timeout: float,
     full_wait: float,
+    replica_takeover: float,
     no_auth: bool,
     tls_cert: str | None,
     tls_key: str | None,
@@ -185,6 +195,7 @@ def spoke(
         peers=peer_urls,
         advertise=advertise,
         full_wait=full_wait,
+        replica_takeover=replica_takeover,
         peer_timeouts=Timeouts(connect=min(1.0, peer_timeout), read=peer_timeout, write=peer_timeout, pool=peer_timeout, slow=peer_timeout),
     )
     auth = keys = None

@@ -48,6 +48,8 @@ from .metacache import SpokeMetaStore
 from .ownership import ChunkOwnership
 from .peers import PEER_TIMEOUTS, GroupFetch
 from .remember import Remembered
+from .replicas import PROMOTE_AFTER, open_replicas
+from .replication import Replication
 from .state import SpokeState
 from .traffic import PUSH, CountingTransport, Traffic
 from .workload import WorkloadStore
@@ -55,6 +57,10 @@ from .writeback import UPLOAD_HOLD, open_writeback
 
 HUB = "hub"
 LOCAL = "local"
+#: Local, and a copy at one peer spoke of the group (:mod:`spoke.replication`).
+REPLICATED = "replicated"
+#: Writes queued at the spoke (pushed to the hub by the write-back).
+QUEUED = (LOCAL, REPLICATED)
 #: Share of the cache budget for metadata objects (ranges, commits, chunk lists).
 META_SHARE = 0.1
 #: How long answers about repositories and bucket bindings are reused without asking the hub.
@@ -121,6 +127,7 @@ class SpokePlane(DataPlane):
         advertise: str | None = None,
         peer_timeouts: Timeouts = PEER_TIMEOUTS,
         full_wait: float = FULL_WAIT,
+        replica_takeover: float = PROMOTE_AFTER,
     ) -> None:
         """``group``: join this spoke group at the hub; ``peers``: a fixed group of these
         spokes instead; either needs ``advertise``, the URL the other members reach this
@@ -131,11 +138,15 @@ class SpokePlane(DataPlane):
         keep busy (at least one; 0 turns learned prefetch off); ``prefetch_window``: the most
         bytes it fetches ahead of a job (default: the hint window) (:mod:`spoke.learned`).
         ``full_wait``: how long a ``local`` write waits for the write-back to free room in a
-        cache full of writes not yet at the hub (back-pressure) before it fails (0: at once)."""
+        cache full of writes not yet at the hub (back-pressure) before it fails (0: at once).
+        ``replica_takeover``: how long the origin of copies kept here (:mod:`spoke.replicas`) may
+        be silent before this spoke pushes its writes to the hub."""
         if not 0 <= prefetch_share <= 1:
             raise BadRequest(f"the prefetch share is a fraction of the fetch workers, 0 to 1, not {prefetch_share}")
-        if durability not in (HUB, LOCAL):
-            raise BadRequest(f"unknown durability {durability!r}: use 'hub' or 'local'")
+        if durability not in (HUB, *QUEUED):
+            raise BadRequest(f"unknown durability {durability!r}: use 'hub', 'local' or 'replicated'")
+        if durability == REPLICATED and advertise is None:
+            raise BadRequest("durability 'replicated' needs a spoke group (group or peers) to keep the copies")
         if group is not None and peers:
             raise BadRequest("a spoke is in a group registered at the hub (group) or in a fixed list (peers), not both")
         if (group is not None or bool(peers)) != (advertise is not None):
@@ -156,9 +167,13 @@ class SpokePlane(DataPlane):
         self.upstream = MetricsPlane(hub, self.upstream_metrics, UPSTREAM_METRICS)
         os.makedirs(cache_dir, exist_ok=True)
         self.writeback = open_writeback(cache_dir, upload_hold)
+        self.replicas = open_replicas(cache_dir, replica_takeover)  # copies of other spokes' replicated writes
         meta_budget = max(1 << 20, int(cache_size * META_SHARE))
         self.chunk_cache = DiskCache(
-            os.path.join(cache_dir, "chunks"), cache_size - meta_budget, _frame_intact, self.writeback.pinned_chunks()
+            os.path.join(cache_dir, "chunks"),
+            cache_size - meta_budget,
+            _frame_intact,
+            self.writeback.pinned_chunks() | self.replicas.pinned_chunks(),
         )
         self.meta_cache = DiskCache(os.path.join(cache_dir, "meta"), meta_budget)
         self.meta = SpokeMetaStore(self.meta_cache, self.upstream.get_objects, self.traffic)
@@ -170,8 +185,10 @@ class SpokePlane(DataPlane):
         elif advertise is not None:
             self.membership = StaticMembership(advertise, list(peers))
         self.group = None
+        self.replication: Replication | None = None
         if self.membership is not None:
             self.group = GroupFetch(self.membership, self.upstream.frames, token, self.peer_traffic, peer_timeouts)
+            self.replication = Replication(self.membership, token, self.chunk_cache, self.peer_traffic)
         self.fetcher = FetchScheduler(
             self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers, background_workers=int(prefetch_share * fetch_workers),
             group_frames=self.group.fetch if self.group is not None else None,  # from the owners; prefetch fills their caches
@@ -195,15 +212,25 @@ class SpokePlane(DataPlane):
         self._answers = Remembered(ANSWER_TTL)
         self._lock = threading.Lock()
         self.tracker.start()
-        self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self.staging.add_own)
+        self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self._landed)
+        self.replicas.start(self.chunk_cache, self.writeback.enqueue, self.writeback.pinned_chunks)
+
+    def _landed(self, repo: str, branch: str, changes: dict[str, Entry | None], seq: int | None) -> None:
+        """A batch of queued writes is staged at the hub."""
+        self.staging.add_own(repo, branch, changes, seq)
+        if self.replication is not None:
+            self.replication.landed(repo, branch, changes)
 
     def close(self) -> None:
         if self.membership is not None:
             self.membership.close()
         if self.group is not None:
             self.group.close()
+        if self.replication is not None:
+            self.replication.close()
         self.tracker.stop()
         self.writeback.stop()
+        self.replicas.stop()
         self.lookahead.stop()
         self.learned.close()
         self.fetcher.stop()
@@ -443,9 +470,19 @@ class SpokePlane(DataPlane):
     # -- writing -------------------------------------------------------------
     def _durability(self, asked: str | None) -> str:
         mode = asked or self.durability
-        if mode not in (HUB, LOCAL):
-            raise BadRequest(f"unknown durability {mode!r}: use 'hub' or 'local'")
+        if mode not in (HUB, *QUEUED):
+            raise BadRequest(f"unknown durability {mode!r}: use 'hub', 'local' or 'replicated'")
+        if mode == REPLICATED and self.replication is None:
+            raise BadRequest("durability 'replicated' needs a spoke in a group (--group or --peers): this spoke is in none")
         return mode
+
+    def _queue(self, repo: str, branch: str, changes: dict[str, Entry | None], mode: str) -> None:
+        """Queue writes for the hub (their chunks pinned here); with ``replicated``, once a
+        peer spoke keeps copies of them too."""
+        if mode == REPLICATED:
+            assert self.replication is not None
+            self.replication.send_entries(repo, branch, changes)
+        self.writeback.enqueue(repo, branch, changes)
 
     def put_object(
         self,
@@ -459,13 +496,14 @@ class SpokePlane(DataPlane):
         durability: str | None = None,
     ) -> Entry:
         check_path(path)
-        if self._durability(durability) == LOCAL:
+        level = self._durability(durability)
+        if level in QUEUED:
             self._require_branch(repo, branch)
             sink = PackSession(lambda ids: list(ids), lambda b: self._pin_pack(repo, b), UPLOAD_PACK_SIZE)
             chunks, md5 = ingest_stream(stream, sink)
             sink.close()
             entry = file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
-            self.writeback.enqueue(repo, branch, {path: entry})
+            self._queue(repo, branch, {path: entry}, level)
             return entry
         try:
             with self.traffic.purpose(PUSH):
@@ -510,12 +548,13 @@ class SpokePlane(DataPlane):
     def stage(
         self, repo: str, branch: str, changes: Mapping[str, Entry | None], durability: str | None = None
     ) -> int | None:
-        if self._durability(durability) == LOCAL:
+        level = self._durability(durability)
+        if level in QUEUED:
             for path in changes:
                 check_path(path)
             self._require_branch(repo, branch)
             self._hold_chunks(repo, branch, changes)
-            self.writeback.enqueue(repo, branch, changes)
+            self._queue(repo, branch, dict(changes), level)
             return None
         seq = self.upstream.stage(repo, branch, changes, HUB)
         self.staging.add_own(repo, branch, changes, seq)
@@ -566,9 +605,10 @@ class SpokePlane(DataPlane):
 
     def delete_object(self, repo: str, branch: str, path: str, durability: str | None = None) -> None:
         check_path(path)
-        if self._durability(durability) == LOCAL:
+        level = self._durability(durability)
+        if level in QUEUED:
             self.stat(repo, branch, path)  # NotFound if absent
-            self.writeback.enqueue(repo, branch, {path: None})
+            self._queue(repo, branch, {path: None}, level)
             return
         self.upstream.delete_object(repo, branch, path, HUB)
         self.staging.invalidate(repo, branch)
@@ -581,21 +621,50 @@ class SpokePlane(DataPlane):
     def missing_chunks(
         self, ids: Sequence[bytes], durability: str | None = None, repo: str | None = None
     ) -> list[bytes]:
-        if self._durability(durability) == LOCAL:
+        if self._durability(durability) in QUEUED:
             foreign = set(self.ownership.unknown(repo, ids)) if repo is not None else set()
             return [cid for cid in dict.fromkeys(ids) if cid in foreign or cid not in self.chunk_cache]
         return self.upstream.missing_chunks(ids, HUB, repo=repo)
 
     def receive_pack(self, data: bytes, durability: str | None = None, repo: str | None = None) -> tuple[int, int]:
-        if self._durability(durability) == LOCAL:
+        level = self._durability(durability)
+        if level in QUEUED:
             if repo is None:
-                raise BadRequest("a pack kept at the spoke (durability 'local') must name its repository (?repo=)")
+                raise BadRequest(f"a pack kept at the spoke (durability {level!r}) must name its repository (?repo=)")
             chunks = packs.verify_pack(data)  # whole, before anything is kept
-            return len(chunks), self._pin_frames(repo, data, chunks)
+            new = self._pin_frames(repo, data, chunks)
+            if level == REPLICATED:
+                assert self.replication is not None
+                self.replication.send_pack(repo, data)
+            return len(chunks), new
         result = self.upstream.receive_pack(data, HUB, repo=repo)
         if repo is not None:
             self.ownership.learn(repo, (c.id for c in packs.parse_index(data)))  # the hub verified it
         return result
+
+    # -- copies of other spokes' replicated writes (spoke/replicas.py) --------
+    def keep_replica_pack(self, repo: str, data: bytes) -> tuple[int, int]:
+        """Pin a pack of another spoke's replicated write (not sent to the hub: its origin does)."""
+        chunks = packs.verify_pack(data)
+        new = self.chunk_cache.put_pinned(((c.id, data[c.offset : c.offset + c.length]) for c in chunks), wait=self.full_wait)
+        self.ownership.learn(repo, (c.id for c in chunks))
+        self.replicas.hold_pack([c.id for c in chunks])
+        return len(chunks), new
+
+    def keep_replica_entries(self, origin: str, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
+        """Keep copies of another spoke's writes; BadRequest (nothing kept) if a chunk they need is not here."""
+        for path in changes:
+            check_path(path)
+        needed = {cid for e in changes.values() if e is not None and e.kind == FILE for cid in stored_ids(e.chunks)}
+        lacking = self.missing_chunks(list(needed), LOCAL, repo=repo)
+        if lacking:
+            raise BadRequest(f"chunk {lacking[0].hex()} ({len(lacking)} in all) of these copies is not here: send it first")
+        for cid in needed:
+            self.chunk_cache.pin(cid)
+        self.replicas.add(origin, repo, branch, changes)
+
+    def replica_landed(self, origin: str, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
+        self.replicas.release(self.replicas.landed(origin, repo, branch, changes))
 
     def frames(self, ids: Sequence[bytes], repo: str | None = None) -> Iterator[tuple[bytes, bytes]]:
         if repo is not None:
@@ -685,6 +754,8 @@ class SpokePlane(DataPlane):
             "writeback_landed": self.writeback.landed,
             "writeback_early_chunks": self.writeback.early_sent,
             **self.writeback.stats(),
+            **self.replicas.stats(),
+            "replication_copied_bytes": self.replication.copied_bytes if self.replication is not None else 0,
             "watch_stream_live": self.tracker.live(),
             "watch_events": self.tracker.events,
             "hub_reachable": breaker["reachable"],

@@ -49,8 +49,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 #: ``X-Fabric-Durability`` on a write: how stored it must be before the reply (DESIGN §3).
 Durability = Annotated[
-    Literal["hub", "local"] | None,
-    Header(description="hub: stored at the hub before the reply; local: a spoke may keep it on its own disk and push it later"),
+    Literal["hub", "local", "replicated"] | None,
+    Header(
+        description="hub: stored at the hub before the reply; local: a spoke may keep it on its own disk and push it "
+        "later; replicated: as local, and a copy on the disk of one other spoke of its group (a hub meets every level)"
+    ),
 ]
 
 
