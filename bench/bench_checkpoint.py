@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checkpoint writes without stalling training (issue 5): a spoke mount over a WAN vs rclone mount vs local disk.
+"""Checkpoint writes without stalling training (issues 5, 16): a spoke mount over a WAN vs rclone mount vs local disk.
 
 What: the time a training job waits for a checkpoint ("stall"), and the time
 until the checkpoint is safe at the hub ("at hub"), when it is written through
@@ -15,8 +15,9 @@ alternative; ``rclone mount --vfs-cache-mode writes`` of the hub's S3 gateway
 Setup (one run): ``fabric hub --s3-listen`` on loopback; two in-process
 :class:`testbed.wanproxy.WanProxy` links with the same RTT and rate (default
 50 ms, 200 Mbit/s each way), one in front of the hub's REST port, one in front
-of its S3 port; ``fabric spoke --hub PROXY --cache-size 4GiB``. One repository
-per system, branch ``main``.
+of its S3 port; two spokes ``fabric spoke --hub PROXY --cache-size 4GiB
+--peers A,B`` (a static group: the second keeps the copies of writes made with
+``replicated`` durability). One repository per system, branch ``main``.
 
 The workload, the same for every system: ``--shards`` files of ``--shard-mib``
 MiB of fresh random bytes (new bytes for every system and round, so no system
@@ -29,6 +30,11 @@ fresh ``ckpt-<round>`` directory, which is created before the clock starts.
 Systems (order rotating round by round):
 
 - ``fabric-local``: ``fabric mount SPOKE repo@main MNT --rw --durability local``
+  (files written in order are chunked and sent while they are written)
+- ``fabric-local-whole``: the same with ``--no-stream-writes`` (each file
+  chunked at its fsync: the behaviour before streaming, for an A/B in one run)
+- ``fabric-replicated``: ``--durability replicated`` (fsync returns once the
+  spoke and its peer spoke both hold the data)
 - ``fabric-hub``: the same with ``--durability hub``
 - ``rclone``: ``rclone mount wan:repo/main MNT --vfs-cache-mode writes
   --vfs-write-back 1s`` through the second WAN link: close returns once
@@ -54,7 +60,13 @@ After each round the checkpoint is committed at the hub and every file read
 back from that commit (or, for local-disk, from the directory) and compared by
 sha256 with what was written: a round that stored wrong bytes stops the run.
 
-    python bench/bench_checkpoint.py                                  # 4 x 64 MiB, 3 rounds (~3 min on 2 CPUs)
+Dedup rounds (after the timed rounds, fabric-local and rclone): checkpoint N of
+fresh bytes, then N+1 as a frozen-backbone step (each shard is 16 equal
+"tensors"; the last ``--changed-tensors`` of them, default 2, are new bytes, the
+rest unchanged) and as a full fine-tuning step (all 16 new): the bytes sent over
+the WAN and stored at the hub, against the bytes that changed.
+
+    python bench/bench_checkpoint.py                                  # 4 x 64 MiB, 3 rounds (~6 min on 2 CPUs)
     python bench/bench_checkpoint.py --shards 2 --shard-mib 8 --runs 1   # smoke test
     python bench/bench_checkpoint.py --json-out r.json --md-out r.md
 
@@ -92,7 +104,9 @@ MiB = 1024 * 1024
 WRITE_SIZE = 4 * MiB
 POLL_S = 0.1
 META_TMP, META = ".metadata.tmp", ".metadata"
-SYSTEMS = ("fabric-local", "fabric-hub", "rclone", "local-disk")
+SYSTEMS = ("fabric-local", "fabric-local-whole", "fabric-replicated", "fabric-hub", "rclone", "local-disk")
+#: Tensors per shard in the dedup rounds; a frozen-backbone step changes ``--changed`` of them.
+TENSORS = 16
 
 
 # -- the workload ----------------------------------------------------------------------------
@@ -119,6 +133,23 @@ class Checkpoint:
     @property
     def shard_bytes(self) -> int:
         return sum(len(v) for v in self.shards.values())
+
+    def next_step(self, changed: int, tag: str) -> tuple[Checkpoint, int]:
+        """Step N+1 of a fine-tune that updates ``changed`` of each shard's :data:`TENSORS`
+        equal tensors (a frozen backbone with trained adapters; all of them: full fine-tuning),
+        the others byte for byte the same; and how many bytes changed."""
+        shards, diff = {}, 0
+        for name, data in self.shards.items():
+            size = len(data) // TENSORS
+            parts = [data[i * size : (i + 1) * size] for i in range(TENSORS)] + [data[TENSORS * size :]]
+            for i in range(TENSORS - changed, TENSORS):  # the head and adapters sit last, as in most state dicts
+                parts[i] = os.urandom(size)
+                diff += size
+            shards[name] = b"".join(parts)
+        meta = json.dumps({"tag": tag, "shards": {k: len(v) for k, v in shards.items()}}).encode()
+        ckpt = Checkpoint(shards, meta)
+        ckpt.digests = {name: sha256(data) for name, data in ckpt.files().items()}
+        return ckpt, diff
 
 
 def sha256(data: bytes) -> str:
@@ -212,6 +243,11 @@ class Hub:
             raise SystemExit(f"{repo}@{commit}:{directory}/{META_TMP} is still there after the rename")
         return commit
 
+    def stored_bytes(self) -> int:
+        r = self.http.get("/stats")
+        r.raise_for_status()
+        return int(r.json()["stored_bytes"])
+
     def close(self) -> None:
         self.http.close()
 
@@ -267,9 +303,10 @@ class System:
 
 
 class FabricMount(System):
-    def __init__(self, env: Env, durability: str) -> None:
-        self.env, self.durability = env, durability
-        self.name = f"fabric-{durability}"
+    def __init__(self, env: Env, durability: str, stream: bool = True) -> None:
+        """``stream=False``: ``--no-stream-writes`` (each file chunked at fsync, as before streaming)."""
+        self.env, self.durability, self.stream = env, durability, stream
+        self.name = f"fabric-{durability}" + ("" if stream else "-whole")
         self.repo = f"ckpt-{self.name}"
         base = os.path.join(env.work, self.name)
         self.root, self.log, self.write_dir = f"{base}-mnt", f"{base}.log", f"{base}-writes"
@@ -278,7 +315,8 @@ class FabricMount(System):
 
     def mount_cmd(self, token: str) -> list[str]:
         return [*self.cli, "mount", self.env.spoke_url, f"{self.repo}@main", self.root, "--rw", "--durability",
-                self.durability, "--token", token, "--write-dir", self.write_dir, "--log-file", self.log]
+                self.durability, "--token", token, "--write-dir", self.write_dir, "--log-file", self.log,
+                *([] if self.stream else ["--no-stream-writes"])]
 
     def describe(self) -> str:
         return " ".join(self.mount_cmd("TOKEN")).replace(self.env.python, "python")
@@ -433,9 +471,13 @@ class LocalDisk(System):
 
 # -- one round -------------------------------------------------------------------------------
 def run_round(system: System, rnd: int, n_shards: int, shard_bytes: int) -> dict:
-    """Mount, write one checkpoint, wait until it is at the hub, verify it, unmount."""
+    """Mount, write one fresh checkpoint, wait until it is at the hub, verify it, unmount."""
     ckpt = Checkpoint.fresh(n_shards, shard_bytes, f"{system.name}-{rnd}")
-    directory = f"ckpt-{rnd}"
+    return {"system": system.name, "round": rnd, **write_round(system, ckpt, f"ckpt-{rnd}")}
+
+
+def write_round(system: System, ckpt: Checkpoint, directory: str) -> dict:
+    """Mount, write ``ckpt`` into ``directory``, wait until it is at the hub, verify it, unmount."""
     system.mount()
     try:
         os.mkdir(os.path.join(system.root, directory))
@@ -447,7 +489,7 @@ def run_round(system: System, rnd: int, n_shards: int, shard_bytes: int) -> dict
     finally:
         extra = system.unmount()
     verified = system.verify(directory, ckpt)
-    return {"system": system.name, "round": rnd, "stall_s": stall, "at_hub_s": at_hub,
+    return {"stall_s": stall, "at_hub_s": at_hub,
             "stall_mb_s": ckpt.shard_bytes / stall / MB,
             "wan_mb_up": None if wan0 is None or wan is None else (wan - wan0) / MB,
             "verified": verified, **extra}
@@ -469,10 +511,20 @@ def servers(args: argparse.Namespace, work: str) -> Iterator[Env]:
                              rate_mbit=args.rate_mbit).start()
             stack.callback(proxy.stop)
             links.append(proxy)
-        spoke = start_spoke(work, args.python, links[0].url_for(), token)
-        if spoke is None:
-            raise SystemExit("this build's `fabric spoke` has no --s3-listen; bench_s3.start_spoke cannot start it")
-        stack.callback(stop_process, spoke[0])
+        from fabric.util.net import free_port
+
+        # Two spokes in one static group: the one mounted, and its peer, which keeps the copies of
+        # writes made with replicated durability (both reach the hub through the same WAN link).
+        ports = [free_port(), free_port()]
+        peers = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+        spoke = None
+        for name, port in zip(("spoke", "peer-spoke"), ports, strict=True):
+            started = start_spoke(work, args.python, links[0].url_for(), token, name, port,
+                                  ["--peers", peers, "--advertise", f"http://127.0.0.1:{port}"])
+            if started is None:
+                raise SystemExit("this build's `fabric spoke` has no --s3-listen; bench_s3.start_spoke cannot start it")
+            stack.callback(stop_process, started[0])
+            spoke = spoke or started
         yield Env(args.python, work, hub, hub_s3, spoke[1], token, hub.s3_keys(), links[0], links[1], args.rate_mbit,
                   args.rclone_write_back)
 
@@ -480,6 +532,8 @@ def servers(args: argparse.Namespace, work: str) -> Iterator[Env]:
 def make_systems(env: Env, only: list[str] | None) -> list[System]:
     factories: dict[str, Callable[[], System]] = {
         "fabric-local": lambda: FabricMount(env, "local"),
+        "fabric-local-whole": lambda: FabricMount(env, "local", stream=False),
+        "fabric-replicated": lambda: FabricMount(env, "replicated"),
         "fabric-hub": lambda: FabricMount(env, "hub"),
         "rclone": lambda: RcloneMount(env),
         "local-disk": lambda: LocalDisk(env),
@@ -498,7 +552,27 @@ def unmounted_on_exit(systems: list[System]) -> Iterator[None]:
                 s.unmount()
 
 
-def measure(args: argparse.Namespace, work: str) -> tuple[list[dict], dict[str, str]]:
+def dedup_rounds(env: Env, systems: list[System], args: argparse.Namespace) -> list[dict]:
+    """Checkpoint N, then N+1 of a frozen-backbone step and of a full fine-tuning step, each
+    written after N: what crosses the WAN and what the hub stores, against the bytes that changed."""
+    out: list[dict] = []
+    for system in systems:
+        if system.name not in ("fabric-local", "rclone"):
+            continue
+        base = Checkpoint.fresh(args.shards, args.shard_mib * MiB, f"{system.name}-dedup")
+        write_round(system, base, "dedup-n")
+        for case, changed in (("frozen backbone", args.changed_tensors), ("full fine-tune", TENSORS)):
+            ckpt, diff = base.next_step(changed, f"{system.name}-{case}")
+            stored = env.hub.stored_bytes()
+            r = write_round(system, ckpt, "dedup-" + case.split()[0])
+            out.append({"system": system.name, "case": case, "changed_mb": diff / MB, "wan_mb_up": r["wan_mb_up"],
+                        "stored_mb": (env.hub.stored_bytes() - stored) / MB, "stall_s": r["stall_s"], "at_hub_s": r["at_hub_s"]})
+            print(f"dedup {system.name:12} {case:16} changed {diff / MB:7.1f} MB  sent {r['wan_mb_up']:7.1f} MB  "
+                  f"stored {out[-1]['stored_mb']:7.1f} MB", file=sys.stderr, flush=True)
+    return out
+
+
+def measure(args: argparse.Namespace, work: str) -> tuple[list[dict], list[dict], dict[str, str]]:
     rounds: list[dict] = []
     with servers(args, work) as env:
         systems = make_systems(env, args.only)
@@ -512,7 +586,8 @@ def measure(args: argparse.Namespace, work: str) -> tuple[list[dict], dict[str, 
                     at = "-" if r["at_hub_s"] is None else f"{r['at_hub_s']:.2f}"
                     print(f"round {rnd + 1} {s.name:12} stall {r['stall_s']:6.2f} s  at hub {at:>6} s  "
                           f"stall {r['stall_mb_s']:7.1f} MB/s  verified", file=sys.stderr, flush=True)
-    return rounds, commands
+            dedup = dedup_rounds(env, systems, args) if args.changed_tensors else []
+    return rounds, dedup, commands
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -578,6 +653,15 @@ def render(report: dict) -> str:
     if umount:
         lines += ["", "Unmount after the checkpoint reached the hub (median s): "
                   + ", ".join(f"{k} {v:.2f}" for k, v in umount.items()) + "."]
+    if report["dedup"]:
+        lines += ["", (f"Checkpoint N+1 written after N (one round each; each shard is {TENSORS} equal tensors, a frozen-backbone step "
+                       f"changes the last {p['changed_tensors']} of them, full fine-tuning all):"), "",
+                  "| system | step N+1 | changed MB | sent over the WAN MB | sent / changed | stored at the hub MB | stall s |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for d in report["dedup"]:
+            ratio = d["wan_mb_up"] / d["changed_mb"] if d["wan_mb_up"] is not None and d["changed_mb"] else None
+            lines.append(f"| {d['system']} | {d['case']} | {d['changed_mb']:,.1f} | {d['wan_mb_up']:,.1f} | "
+                         f"{'-' if ratio is None else f'{ratio:.2f}'} | {d['stored_mb']:,.1f} | {d['stall_s']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -593,6 +677,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rclone-write-back", default="1s",
                     help="rclone's --vfs-write-back: how long it holds a closed file before uploading (default 1s; "
                     "rclone's own default is 5s; 0s loses a file renamed during its upload, see the module doc)")
+    ap.add_argument("--changed-tensors", type=int, default=2,
+                    help=f"dedup rounds: tensors of each shard's {TENSORS} that a frozen-backbone step changes (default 2; 0 skips the dedup rounds)")
     ap.add_argument("--only", choices=SYSTEMS, action="append", help="measure only these systems (repeatable)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--work", default=os.path.join(HERE, "work", "stores"))
@@ -615,17 +701,18 @@ def main() -> None:
     work = os.path.join(args.work, "checkpoint")
     remove(work)
     os.makedirs(work)
-    rounds, commands = measure(args, work)
+    rounds, dedup, commands = measure(args, work)
     if not args.keep_work:
         remove(work)  # kept, with every log, when the run fails
     report = {
         "machine": machine(),
         "rclone_version": subprocess.run(["rclone", "version"], capture_output=True, text=True, check=False).stdout.splitlines()[0],
         "params": {"shards": args.shards, "shard_mib": args.shard_mib, "write_size": WRITE_SIZE, "runs": args.runs,
-                   "rtt_ms": args.rtt_ms, "rate_mbit": args.rate_mbit},
+                   "rtt_ms": args.rtt_ms, "rate_mbit": args.rate_mbit, "changed_tensors": args.changed_tensors},
         "command": " ".join(["python", os.path.relpath(sys.argv[0], os.path.dirname(HERE)), *sys.argv[1:]]),
         "commands": commands,
         "rounds": rounds,
+        "dedup": dedup,
         "summary": summarize(rounds),
     }
     text = render(report)

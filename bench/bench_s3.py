@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -149,19 +150,22 @@ def start_hub(work: str, python: str) -> tuple[subprocess.Popen, str, str, str]:
     return proc, url, s3, token
 
 
-def start_spoke(work: str, python: str, hub_url: str, token: str) -> tuple[subprocess.Popen, str, str] | None:
-    """A spoke in front of the hub, per DESIGN.md section 6; None when this build has no spoke."""
+def start_spoke(
+    work: str, python: str, hub_url: str, token: str, name: str = "spoke", port: int | None = None, args: Sequence[str] = ()
+) -> tuple[subprocess.Popen, str, str] | None:
+    """A spoke in front of the hub, per DESIGN.md section 6; None when this build has no spoke.
+    ``name``: of its cache directory and log under ``work``; ``args``: more options."""
     from fabric.util.net import free_port
 
     probe = subprocess.run([python, "-m", "fabric.cli.main", "spoke", "--help"], capture_output=True, env=fabric_env(), cwd=FABRIC_SRC,
                            check=False)
     if probe.returncode != 0 or b"--s3-listen" not in probe.stdout:
         return None
-    port, s3port = free_port(), free_port()
-    log = open(os.path.join(work, "spoke.log"), "wb")  # noqa: SIM115 - the server writes it until stopped
+    port, s3port = port or free_port(), free_port()
+    log = open(os.path.join(work, f"{name}.log"), "wb")  # noqa: SIM115 - the server writes it until stopped
     proc = subprocess.Popen(
-        [python, "-m", "fabric.cli.main", "spoke", "--hub", hub_url, "--cache", os.path.join(work, "spoke"),
-         "--cache-size", "4GiB", "--listen", f"127.0.0.1:{port}", "--s3-listen", f"127.0.0.1:{s3port}", "--token", token],
+        [python, "-m", "fabric.cli.main", "spoke", "--hub", hub_url, "--cache", os.path.join(work, name),
+         "--cache-size", "4GiB", "--listen", f"127.0.0.1:{port}", "--s3-listen", f"127.0.0.1:{s3port}", "--token", token, *args],
         stdout=log, stderr=subprocess.STDOUT, env=fabric_env(), cwd=FABRIC_SRC,
     )
     url, s3 = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{s3port}"
