@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import os
 import random
 import signal
@@ -20,9 +21,9 @@ import time
 import pytest
 
 from fabric.checkpoint import Checkpoints, Retention, latest, list_checkpoints, load, save
-from fabric.checkpoint.names import STEP_META
+from fabric.format.checkpoint_names import STEP_META
 from tests.ci_requirements import missing
-from tests.fuse_helpers import mounted, needs_fuse
+from tests.fuse_helpers import fabric, mounted, needs_fuse
 from tests.hubserver import ROOT, Hub, unique_name
 
 # Single-process DCP checkpoints (no_dist=True) are what these tests mean to make.
@@ -380,3 +381,31 @@ def test_dcp_checkpoints_of_a_process_group(hub: Hub):
     commits = {out.split()[-1] for out, _ in outs}
     ck = Checkpoints(repo, "train", server=hub.url, token=hub.token)
     assert [c.step for c in ck.list()] == [1, 2] and commits == {ck.latest().commit}
+
+
+# -- the CLI view ---------------------------------------------------------------------------
+
+
+def test_fabric_checkpoints_lists_complete_steps_per_run(hub: Hub):
+    ck = run_of(hub, "ckcli")
+    for step in (10, 20, 30):
+        ck.save(files_state(step), step)
+    other = Checkpoints(ck.repo, "other", server=hub.url, token=hub.token)
+    other.save(files_state(5), 5)
+    other.begin(6)  # a save in progress is not listed
+    ck.plane.create_tag(ck.repo, "release.step-x", "main")  # nor a tag that only looks like one
+
+    def listed(*args: str) -> list[dict]:
+        return json.loads(fabric("--server", hub.url, "--json", "checkpoints", ck.repo, *args, token=hub.token).stdout)
+
+    rows = listed()
+    assert [(r["branch"], r["step"]) for r in rows] == [("ckpt.other", 5), ("ckpt.train", 10), ("ckpt.train", 20), ("ckpt.train", 30)]
+    assert rows[-1]["commit"] == ck.latest().commit and rows[-1]["path"] == f"fabric://{ck.repo}@{ck.latest().commit}/step-30/"
+    assert [(r["branch"], r["step"]) for r in listed("--latest")] == [("ckpt.other", 5), ("ckpt.train", 30)]
+    assert [r["step"] for r in listed("--run", "train")] == [10, 20, 30]
+    human = fabric("--server", hub.url, "checkpoints", ck.repo, "--run", "other", token=hub.token).stdout
+    assert "ckpt.other" in human and " 5 " in human and ck.list()[0].commit[:12] not in human
+    bad = fabric("--server", hub.url, "checkpoints", ck.repo, "--run", "no/slash", token=hub.token, check=False)
+    assert bad.returncode != 0 and "invalid run name" in bad.stderr
+    gone = fabric("--server", hub.url, "checkpoints", "no-such-repo-x", token=hub.token, check=False)
+    assert gone.returncode != 0 and "no-such-repo-x" in gone.stderr

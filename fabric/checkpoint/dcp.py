@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
-from fabric.checkpoint import names
+from fabric.format import checkpoint_names as names
 
 if TYPE_CHECKING:
     from fabric.checkpoint.run import Checkpoint, Checkpoints

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fabric import errors
-from fabric.checkpoint import names
+from fabric.format import checkpoint_names as names
 from fabric.format.paths import check_path
 from fabric.fsspec.errors import fs_errors
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fabric import errors
-from fabric.checkpoint import names
 from fabric.checkpoint.retention import Retention
+from fabric.format import checkpoint_names as names
 from fabric.format.paths import check_repo_name
 from fabric.fsspec import FabricFileSystem
 from fabric.fsspec.errors import fs_errors

@@ -17,6 +17,7 @@ import click
 from fabric import __version__
 from fabric.cli import (
     bucket_cmd,
+    checkpoint_cmd,
     maint_cmd,
     objects_cmd,
     refs_cmd,
@@ -95,7 +96,7 @@ def cli(
     ctx.obj = Ctx(data, db, store, server, token, as_json, quiet)
 
 
-for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, maint_cmd, token_cmd, up_cmd, bucket_cmd, writeback_cmd):
+for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, checkpoint_cmd, maint_cmd, token_cmd, up_cmd, bucket_cmd, writeback_cmd):
     module.register(cli)
 
 

@@ -1,5 +1,6 @@
-"""Names of a run's refs: its branch (``ckpt.RUN``) and one tag per complete step
-(``BRANCH.step-N``), and the directory a step's files lie in (``step-N/``)."""
+"""Names of a checkpoint run's refs (:mod:`fabric.checkpoint`): its branch (``ckpt.RUN``) and
+one tag per complete step (``BRANCH.step-N``), and the directory a step's files lie in
+(``step-N/``). Here, below both the helper and the CLI, which lists checkpoints too."""
 
 from __future__ import annotations
 
@@ -61,3 +62,12 @@ def tag_step(branch: str, tag: str) -> int | None:
     if not digits.isascii() or not digits.isdigit() or (len(digits) > 1 and digits[0] == "0"):
         return None
     return int(digits)
+
+
+def split_step_tag(tag: str) -> tuple[str, int] | None:
+    """``(branch, step)`` of a tag that marks a complete checkpoint step, or None for any other tag."""
+    branch, mark, _ = tag.rpartition(_STEP_MARK)
+    if not mark or not branch:
+        return None
+    step = tag_step(branch, tag)
+    return None if step is None else (branch, step)
