@@ -326,7 +326,8 @@ class SpokePlane(DataPlane):
         self.tracker.note(repo, "branch", name, None)
 
     def reset_branch(self, repo: str, name: str, ref: str) -> dict:
-        info = self.upstream.reset_branch(repo, name, ref)
+        with self.writeback.discarding(repo, name):  # queued writes are uncommitted changes too
+            info = self.upstream.reset_branch(repo, name, ref)
         self._moved(repo, name, info["commit_id"])
         return info
 
@@ -614,7 +615,8 @@ class SpokePlane(DataPlane):
         self.staging.invalidate(repo, branch)
 
     def discard(self, repo: str, branch: str) -> None:
-        self.upstream.discard(repo, branch)
+        with self.writeback.discarding(repo, branch):  # queued writes are uncommitted changes too
+            self.upstream.discard(repo, branch)
         self.staging.invalidate(repo, branch)
 
     # -- chunk exchange ------------------------------------------------------

@@ -39,7 +39,7 @@ from .traffic import CountingTransport, Traffic
 log = logging.getLogger("fabric.spoke.replication")
 
 API = "/api/v1/replica"
-#: Seconds a peer that failed is not asked to keep copies.
+#: Seconds a peer that failed is asked to keep copies only after the others.
 DOWN_SECONDS = 10.0
 #: A copy crosses the LAN: longer than a peer's frame request, short enough to fail over.
 REPLICA_TIMEOUTS = Timeouts(connect=1.0, read=30.0, write=30.0, pool=5.0, slow=30.0)
@@ -124,7 +124,9 @@ class Replication:
         now = time.monotonic()
         with self._lock:
             down = {p for p, until in self._down.items() if until > now}
-        return [m for m in rank(me.encode(), [m for m in self.membership.members() if m != me]) if m not in down]
+        ranked = rank(me.encode(), [m for m in self.membership.members() if m != me])
+        # One that failed lately is tried last, not never: it may be back (a restart).
+        return [m for m in ranked if m not in down] + [m for m in ranked if m in down]
 
     def _post(self, peer: str, route: str, repo: str, branch: str | None = None, **kwargs) -> httpx.Response:  # noqa: ANN003
         params = {"repo": repo, "origin": self.membership.me}

@@ -39,11 +39,12 @@ never stages them (it crashed) does not keep them pinned for longer.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from fabric.cache.disk import DiskCache
 from fabric.client.http import HttpPlane
@@ -235,21 +236,37 @@ class WriteBack:
     def drop(self, op_id: int | None = None) -> int:
         """Delete parked writes (one, or all with ``None``) and unpin the chunks no queued write
         needs any more; how many. NotFound for an id that is not parked."""
+        sql, params = "parked IS NOT NULL", []
+        if op_id is not None:
+            sql, params = sql + " AND id = ?", [op_id]
+        n = self._delete_where(sql, params)
+        if op_id is not None and not n:
+            raise NotFound(f"no parked write-back entry {op_id}")
+        if n:
+            log.warning("write-back: %d parked write(s) dropped by an operator", n)
+        return n
+
+    @contextlib.contextmanager
+    def discarding(self, repo: str, branch: str) -> Iterator[None]:
+        """Around a reset or discard of a branch at the hub, which drops its uncommitted
+        changes: no batch is sent meanwhile, and when the body succeeds the branch's queued
+        writes (uncommitted changes too) leave the queue, so none lands after it."""
+        with self._sending:
+            yield
+            n = self._delete_where("repo = ? AND branch = ?", [repo, branch])
+        if n:
+            log.info("write-back: %d queued write(s) to %s@%s discarded with the branch's changes", n, repo, branch)
+
+    def _delete_where(self, where: str, params: list) -> int:
+        """Delete the queued writes that match ``where``, unpinning the chunks no other needs; how many."""
         with self._wake:
-            sql, params = "SELECT id, entry FROM ops WHERE parked IS NOT NULL", []
-            if op_id is not None:
-                sql, params = sql + " AND id = ?", [op_id]
-            rows = self._db.execute(sql, params).fetchall()
-            if op_id is not None and not rows:
-                raise NotFound(f"no parked write-back entry {op_id}")
+            rows = self._db.execute(f"SELECT id, entry, parked FROM ops WHERE {where}", params).fetchall()
             with sqlite.transaction(self._db) as cur:
                 cur.executemany("DELETE FROM ops WHERE id = ?", [(r[0],) for r in rows])
-            self._parked -= len(rows)
+            self._parked -= sum(1 for r in rows if r[2] is not None)
             self._queued -= len(rows)
             self._wake.notify_all()
-        if rows:
-            log.warning("write-back: %d parked write(s) dropped by an operator", len(rows))
-        self._unpin_unneeded(cid for _, enc in rows if enc is not None for cid in stored_ids(Entry.decode(enc).chunks))
+        self._unpin_unneeded(cid for _, enc, _ in rows if enc is not None for cid in stored_ids(Entry.decode(enc).chunks))
         return len(rows)
 
     # -- flushing ------------------------------------------------------------

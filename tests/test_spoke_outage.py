@@ -428,3 +428,32 @@ def test_full_wait_bounds_how_long_a_write_waits_for_an_unreachable_hub(hub, tmp
             with pytest.raises(StorageFull, match="after waiting 2 s"):
                 _local_upload(sp, repo, random_bytes(5 << 20, 47))
             assert 1.5 < time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("how", ["discard", "reset"])
+def test_discarding_a_branch_drops_its_queued_writes_too(hub, tmp_path, how: str) -> None:
+    """Writes queued at the spoke are uncommitted changes of their branch: a discard or a
+    reset of the branch drops them (none lands after it); while the hub is away the discard
+    fails and the queue keeps them."""
+    repo = unique_name("disc")
+    hub.plane().create_repo(repo)
+    hub_port = int(hub.url.rsplit(":", 1)[1])
+    with WanProxy("127.0.0.1", hub_port) as wan:
+        with start_spoke(wan.url_for(), tmp_path / "cache", "64MiB", token=hub.token, durability="local") as spoke:
+            sp = spoke.plane()
+            head = sp.resolve_commit(repo, "main")
+            wan.cut()
+            sp.put_object(repo, "main", "queued.bin", io.BytesIO(random_bytes(300_000, 48)))
+            assert sp.stat(repo, "main", "queued.bin").size == 300_000  # read-your-writes at the spoke
+            with pytest.raises(Unavailable):
+                sp.discard(repo, "main")
+            assert spoke.stats()["writeback_pending"] == 1  # a failed discard drops nothing
+            wan.restore()
+            if how == "discard":
+                sp.discard(repo, "main")
+            else:
+                sp.reset_branch(repo, "main", head)
+            assert spoke.stats()["writeback_pending"] == 0
+            time.sleep(3)  # a write that slipped through would land within this
+            assert not list(hub.plane().uncommitted(repo, "main"))
+            assert spoke.stats()["cache_pinned_bytes"] == 0
