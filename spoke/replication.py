@@ -8,8 +8,9 @@ change every copy goes to the same peer. Packs are copied as they arrive
 copied when they are staged (:meth:`Replication.send_entries`), after the peer has been
 sent, from this spoke's cache, every chunk they need that it lacks (a chunk the client
 did not upload because this spoke had it, or a pack that went to a peer that has since
-failed). A peer that fails is tried no more for ``DOWN_SECONDS``; with no peer left the
-write fails (Unavailable): it is never acknowledged as replicated while it is not.
+failed). A peer that fails is tried after the others for ``DOWN_SECONDS``; when no
+peer takes the copy the write fails (Unavailable): it is never acknowledged as
+replicated while it is not.
 
 When a write lands at the hub, the peers that hold copies are told (:meth:`Replication.landed`,
 in the background, best effort), so they drop them.
