@@ -56,6 +56,11 @@ Figures per round:
   and ``.metadata`` answer a HEAD with their size on the hub's S3 port
   (directly, not through the WAN) and ``.metadata.tmp`` does not.
 
+Restore (each round, fabric-local and local-disk): the page cache dropped, every
+shard read back by one thread each and checked; fabric-local through a read-only
+mount of the checkpoint's commit on the spoke that wrote it (warm) and on a
+third spoke in no group (cold: over the WAN).
+
 After each round the checkpoint is committed at the hub and every file read
 back from that commit (or, for local-disk, from the directory) and compared by
 sha256 with what was written: a round that stored wrong bytes stops the run.
@@ -180,6 +185,34 @@ def write_checkpoint(directory: str, ckpt: Checkpoint) -> tuple[float, float]:
     return t0, time.perf_counter() - t0
 
 
+def drop_page_cache() -> bool:
+    """Write back and drop the kernel's page cache (root only), so a read comes from the disk or the network."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def read_checkpoint(directory: str, ckpt: Checkpoint) -> float:
+    """Read every shard, one thread each (as the ranks of a restore do), and check its sha256; seconds."""
+    names = list(ckpt.shards)
+
+    def read(name: str) -> None:
+        with open(os.path.join(directory, name), "rb", buffering=0) as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if digest != ckpt.digests[name]:
+            raise SystemExit(f"DATA MISMATCH on restore: {directory}/{name}")
+
+    drop_page_cache()
+    with ThreadPoolExecutor(len(names)) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(read, names))
+        return time.perf_counter() - t0
+
+
 def wait_until(done: Callable[[], bool], t0: float, timeout: float, what: str, log: str) -> float:
     """Seconds from ``t0`` until ``done()`` holds (polled every POLL_S); gives up after ``timeout`` s."""
     deadline = time.monotonic() + timeout
@@ -270,6 +303,7 @@ class Env:
     hub: Hub
     hub_s3: str
     spoke_url: str
+    cold_spoke_url: str  # a spoke that restores each checkpoint without having seen it
     token: str
     s3_keys: tuple[str, str]
     wan_rest: WanProxy  # in front of the hub's REST port: the spoke's link
@@ -297,6 +331,10 @@ class System:
 
     def verify(self, directory: str, ckpt: Checkpoint) -> str:
         raise NotImplementedError
+
+    def restore(self, directory: str, ckpt: Checkpoint, verified: str) -> dict:
+        """Seconds to read the checkpoint back (``restore_warm_s``, ``restore_cold_s``), where measured."""
+        return {}
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -356,6 +394,27 @@ class FabricMount(System):
 
     def verify(self, directory: str, ckpt: Checkpoint) -> str:
         return self.env.hub.verify(self.repo, directory, ckpt)
+
+    def restore(self, directory: str, ckpt: Checkpoint, verified: str) -> dict:
+        """fabric-local only: read the commit through a read-only mount of the spoke that wrote it
+        (warm: it holds every chunk) and of a spoke that never saw it (cold: every chunk over the WAN)."""
+        if self.name != "fabric-local":
+            return {}
+        out = {}
+        for key, url in (("restore_warm_s", self.env.spoke_url), ("restore_cold_s", self.env.cold_spoke_url)):
+            root = f"{self.root}-ro"
+            os.makedirs(root, exist_ok=True)
+            cmd = [*self.cli, "mount", url, f"{self.repo}@{verified}", root, "--token", self.env.token, "--log-file", f"{self.log}.ro"]
+            p = subprocess.run(cmd, env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, text=True, check=False)
+            if p.returncode != 0:
+                unmount(root)
+                raise SystemExit(f"fabric mount (read-only) failed: {p.stderr[-2000:]}")
+            try:
+                out[key] = read_checkpoint(os.path.join(root, directory), ckpt)
+            finally:
+                subprocess.run([*self.cli, "umount", root], env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, check=False)
+                unmount(root)
+        return out
 
 
 class RcloneMount(System):
@@ -459,14 +518,20 @@ class LocalDisk(System):
 
     def verify(self, directory: str, ckpt: Checkpoint) -> str:
         path = os.path.join(self.root, directory)
-        for name, want in ckpt.digests.items():
-            with open(os.path.join(path, name), "rb") as f:
-                if hashlib.file_digest(f, "sha256").hexdigest() != want:
-                    raise SystemExit(f"DATA MISMATCH on local disk: {path}/{name}")
+        with open(os.path.join(path, META), "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() != ckpt.digests[META]:
+                raise SystemExit(f"DATA MISMATCH on local disk: {path}/{META}")
         if os.path.exists(os.path.join(path, META_TMP)):
             raise SystemExit(f"{path}/{META_TMP} is still there after the rename")
-        remove(path)  # keep the disk footprint at one checkpoint
         return "ok"
+
+    def restore(self, directory: str, ckpt: Checkpoint, verified: str) -> dict:
+        """Read the shards back (checking them) from the disk, the page cache dropped first."""
+        path = os.path.join(self.root, directory)
+        try:
+            return {"restore_warm_s": read_checkpoint(path, ckpt)}
+        finally:
+            remove(path)  # keep the disk footprint at one checkpoint
 
 
 # -- one round -------------------------------------------------------------------------------
@@ -476,8 +541,9 @@ def run_round(system: System, rnd: int, n_shards: int, shard_bytes: int) -> dict
     return {"system": system.name, "round": rnd, **write_round(system, ckpt, f"ckpt-{rnd}")}
 
 
-def write_round(system: System, ckpt: Checkpoint, directory: str) -> dict:
-    """Mount, write ``ckpt`` into ``directory``, wait until it is at the hub, verify it, unmount."""
+def write_round(system: System, ckpt: Checkpoint, directory: str, restore: bool = True) -> dict:
+    """Mount, write ``ckpt`` into ``directory``, wait until it is at the hub, verify it, unmount;
+    then (``restore``) time reading it back."""
     system.mount()
     try:
         os.mkdir(os.path.join(system.root, directory))
@@ -489,7 +555,8 @@ def write_round(system: System, ckpt: Checkpoint, directory: str) -> dict:
     finally:
         extra = system.unmount()
     verified = system.verify(directory, ckpt)
-    return {"stall_s": stall, "at_hub_s": at_hub,
+    restored = system.restore(directory, ckpt, verified) if restore else {}
+    return {**restored, "stall_s": stall, "at_hub_s": at_hub,
             "stall_mb_s": ckpt.shard_bytes / stall / MB,
             "wan_mb_up": None if wan0 is None or wan is None else (wan - wan0) / MB,
             "verified": verified, **extra}
@@ -525,7 +592,10 @@ def servers(args: argparse.Namespace, work: str) -> Iterator[Env]:
                 raise SystemExit("this build's `fabric spoke` has no --s3-listen; bench_s3.start_spoke cannot start it")
             stack.callback(stop_process, started[0])
             spoke = spoke or started
-        yield Env(args.python, work, hub, hub_s3, spoke[1], token, hub.s3_keys(), links[0], links[1], args.rate_mbit,
+        # A third spoke, in no group, that never sees a checkpoint before it restores it.
+        cold = start_spoke(work, args.python, links[0].url_for(), token, "cold-spoke")
+        stack.callback(stop_process, cold[0])
+        yield Env(args.python, work, hub, hub_s3, spoke[1], cold[1], token, hub.s3_keys(), links[0], links[1], args.rate_mbit,
                   args.rclone_write_back)
 
 
@@ -560,11 +630,11 @@ def dedup_rounds(env: Env, systems: list[System], args: argparse.Namespace) -> l
         if system.name not in ("fabric-local", "rclone"):
             continue
         base = Checkpoint.fresh(args.shards, args.shard_mib * MiB, f"{system.name}-dedup")
-        write_round(system, base, "dedup-n")
+        write_round(system, base, "dedup-n", restore=False)
         for case, changed in (("frozen backbone", args.changed_tensors), ("full fine-tune", TENSORS)):
             ckpt, diff = base.next_step(changed, f"{system.name}-{case}")
             stored = env.hub.stored_bytes()
-            r = write_round(system, ckpt, "dedup-" + case.split()[0])
+            r = write_round(system, ckpt, "dedup-" + case.split()[0], restore=False)
             out.append({"system": system.name, "case": case, "changed_mb": diff / MB, "wan_mb_up": r["wan_mb_up"],
                         "stored_mb": (env.hub.stored_bytes() - stored) / MB, "stall_s": r["stall_s"], "at_hub_s": r["at_hub_s"]})
             print(f"dedup {system.name:12} {case:16} changed {diff / MB:7.1f} MB  sent {r['wan_mb_up']:7.1f} MB  "
@@ -592,7 +662,8 @@ def measure(args: argparse.Namespace, work: str) -> tuple[list[dict], list[dict]
 
 # -- report ----------------------------------------------------------------------------------
 ROWS = (("stall_s", "stall", "s"), ("at_hub_s", "at hub", "s"), ("stall_mb_s", "stall throughput", "MB/s"),
-        ("wan_mb_up", "sent over the WAN", "MB"))
+        ("wan_mb_up", "sent over the WAN", "MB"),
+        ("restore_warm_s", "restore: warm spoke (local-disk: from disk)", "s"), ("restore_cold_s", "restore: cold spoke (over the WAN)", "s"))
 
 
 def summarize(rounds: list[dict]) -> dict:
@@ -600,15 +671,15 @@ def summarize(rounds: list[dict]) -> dict:
     out: dict = {"median": {}, "min": {}, "max": {}, "ratio": {}}
     for key, _, _ in ROWS:
         for s in SYSTEMS:
-            xs = [r[key] for r in rounds if r["system"] == s and r[key] is not None]
+            xs = [r[key] for r in rounds if r["system"] == s and r.get(key) is not None]
             if xs:
                 for stat, fn in (("median", median), ("min", min), ("max", max)):
                     out[stat].setdefault(key, {})[s] = fn(xs)
         for peer in ("rclone", "local-disk"):
             ratios = []
             for rnd in {r["round"] for r in rounds}:
-                mine = [r[key] for r in rounds if r["round"] == rnd and r["system"] == "fabric-local"]
-                theirs = [r[key] for r in rounds if r["round"] == rnd and r["system"] == peer]
+                mine = [r.get(key) for r in rounds if r["round"] == rnd and r["system"] == "fabric-local"]
+                theirs = [r.get(key) for r in rounds if r["round"] == rnd and r["system"] == peer]
                 if mine and theirs and mine[0] and theirs[0]:
                     ratios.append(mine[0] / theirs[0])
             if ratios:
@@ -630,6 +701,9 @@ def render(report: dict) -> str:
         ("- at hub: fabric-local = spoke `writeback_pending` reached 0; fabric-hub = the stall; "
         "rclone = every file answers HEAD with its size on the hub's S3 port (no WAN), .metadata.tmp gone"),
         "- every round committed at the hub and each file read back and compared by sha256 (local-disk: read back from the directory): all matched",
+        ("- restore: every shard read back, one thread each, sha256 checked, after dropping the page cache: local-disk from its disk; "
+         "fabric-local through a read-only `fabric mount SPOKE repo@COMMIT` of the spoke that wrote it (warm) and of a third spoke "
+         "in no group that never saw it (cold: every chunk over the same WAN link)"),
         f"- command: `{report['command']}`",
         "",
         "| row | unit | " + " | ".join(SYSTEMS) + " | fabric-local / rclone | fabric-local / local-disk |",
