@@ -224,3 +224,17 @@ def unmount(mp: str) -> None:
             return
         subprocess.run(cmd, capture_output=True, check=False)
         time.sleep(0.3)
+
+
+def drop_page_cache() -> bool:
+    """Write back and drop the kernel's page cache (root only), so that a read comes from the
+    disk or the network; whether it was dropped."""
+    if os.geteuid() != 0:
+        return False
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False

@@ -97,7 +97,7 @@ from dataclasses import dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_report, stop_process, unmount
+from _common import FABRIC_SRC, MB, drop_page_cache, fabric_env, machine, median, remove, save_report, stop_process, unmount
 
 # testbed/ (and bench_s3's fabric imports) from the revision measured: the working tree, or run_all.sh --rev's snapshot.
 sys.path.insert(0, FABRIC_SRC)
@@ -183,17 +183,6 @@ def write_checkpoint(directory: str, ckpt: Checkpoint) -> tuple[float, float]:
     write_synced(os.path.join(directory, META_TMP), ckpt.metadata)
     os.rename(os.path.join(directory, META_TMP), os.path.join(directory, META))
     return t0, time.perf_counter() - t0
-
-
-def drop_page_cache() -> bool:
-    """Write back and drop the kernel's page cache (root only), so a read comes from the disk or the network."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def read_checkpoint(directory: str, ckpt: Checkpoint) -> float:

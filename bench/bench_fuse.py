@@ -39,7 +39,7 @@ import time
 from multiprocessing import Pool
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import FABRIC_SRC, MB, fabric_env, machine, median, remove, save_json, unmount
+from _common import FABRIC_SRC, MB, drop_page_cache, fabric_env, machine, median, remove, save_json, unmount
 
 GIB = 1024**3
 SMALL = 100 * 1024
@@ -113,18 +113,6 @@ def small_rate(root: str, pool: Pool) -> float:
     dt = time.perf_counter() - t0
     assert total == len(files) * SMALL, (total, len(files))
     return len(files) / dt
-
-
-def drop_caches() -> bool:
-    if os.geteuid() != 0:
-        return False
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 # -- systems -------------------------------------------------------------------------
@@ -257,10 +245,10 @@ def main() -> None:
                 for s in order:
                     root = s.mount()
                     try:
-                        dropped &= drop_caches()
+                        dropped &= drop_page_cache()
                         results[s.name]["large_first"].append(large_rate(root))
                         results[s.name]["large_second"].append(large_rate(root))
-                        dropped &= drop_caches()
+                        dropped &= drop_page_cache()
                         results[s.name]["small_first"].append(small_rate(root, pool))
                         results[s.name]["small_second"].append(small_rate(root, pool))
                     finally:
