@@ -7,6 +7,7 @@ restarted on the same cache directory.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sqlite3
@@ -393,41 +394,41 @@ def test_a_full_pinned_budget_slows_local_writes_to_the_link_and_loses_nothing(h
     assert hub.plane().read(repo, "main", "big.bin") == data
 
 
-def test_with_full_wait_0_a_full_budget_fails_at_once_and_pins_nothing_more(hub, tmp_path) -> None:
-    """Fail-fast (``--full-wait 0``) with the hub away: the write that does not fit is
-    refused at once (507), and what was taken before stays queued."""
-    repo = unique_name("fast")
+@contextlib.contextmanager
+def _full_spoke_with_the_hub_away(hub, tmp_path, full_wait: str) -> Iterator[tuple[Spoke, str]]:
+    """A spoke with an 8 MiB cache and ``--full-wait``, 3 MiB of local writes pinned in it, and
+    its hub unreachable (so nothing leaves the pinned budget); and the repository written to."""
+    repo = unique_name("full")
     hub.plane().create_repo(repo)
     hub_port = int(hub.url.rsplit(":", 1)[1])
     with WanProxy("127.0.0.1", hub_port) as wan:
-        with start_spoke(wan.url_for(), tmp_path / "cache", "8MiB", token=hub.token, args=["--full-wait", "0"]) as spoke:
-            sp = spoke.plane()
-            sp.missing_chunks([bytes(32)], "local", repo=repo)  # the spoke has seen the token
-            sp.missing_chunks([bytes(32)], "local", repo=repo)  # the spoke has seen the token
-            wan.cut()  # the hub is away: nothing leaves the pinned budget
-            first = _local_upload(sp, repo, random_bytes(3 << 20, 44))
-            pinned = spoke.stats()["cache_pinned_bytes"]
-            t0 = time.monotonic()
-            with pytest.raises(StorageFull, match="cache budget"):
-                _local_upload(sp, repo, random_bytes(5 << 20, 45))
-            assert time.monotonic() - t0 < 5
-            assert spoke.stats()["cache_pinned_bytes"] == pinned >= 3 << 20 and first.size == 3 << 20
-
-
-def test_full_wait_bounds_how_long_a_write_waits_for_an_unreachable_hub(hub, tmp_path) -> None:
-    repo = unique_name("bound")
-    hub.plane().create_repo(repo)
-    hub_port = int(hub.url.rsplit(":", 1)[1])
-    with WanProxy("127.0.0.1", hub_port) as wan:
-        with start_spoke(wan.url_for(), tmp_path / "cache", "8MiB", token=hub.token, args=["--full-wait", "2"]) as spoke:
+        with start_spoke(wan.url_for(), tmp_path / "cache", "8MiB", token=hub.token, args=["--full-wait", full_wait]) as spoke:
             sp = spoke.plane()
             sp.missing_chunks([bytes(32)], "local", repo=repo)  # the spoke has seen the token
             wan.cut()
-            _local_upload(sp, repo, random_bytes(3 << 20, 46))
-            t0 = time.monotonic()
-            with pytest.raises(StorageFull, match="after waiting 2 s"):
-                _local_upload(sp, repo, random_bytes(5 << 20, 47))
-            assert 1.5 < time.monotonic() - t0 < 30
+            assert _local_upload(sp, repo, random_bytes(3 << 20, 44)).size == 3 << 20
+            assert spoke.stats()["cache_pinned_bytes"] >= 3 << 20
+            yield spoke, repo
+
+
+def test_with_full_wait_0_a_full_budget_fails_at_once_and_pins_nothing_more(hub, tmp_path) -> None:
+    """Fail-fast (``--full-wait 0``): the write that does not fit is refused at once (507),
+    and what was pinned before stays pinned."""
+    with _full_spoke_with_the_hub_away(hub, tmp_path, "0") as (spoke, repo):
+        pinned = spoke.stats()["cache_pinned_bytes"]
+        t0 = time.monotonic()
+        with pytest.raises(StorageFull, match="cache budget"):
+            _local_upload(spoke.plane(), repo, random_bytes(5 << 20, 45))
+        assert time.monotonic() - t0 < 5
+        assert spoke.stats()["cache_pinned_bytes"] == pinned
+
+
+def test_full_wait_bounds_how_long_a_write_waits_for_an_unreachable_hub(hub, tmp_path) -> None:
+    with _full_spoke_with_the_hub_away(hub, tmp_path, "2") as (spoke, repo):
+        t0 = time.monotonic()
+        with pytest.raises(StorageFull, match="after waiting 2 s"):
+            _local_upload(spoke.plane(), repo, random_bytes(5 << 20, 47))
+        assert 1.5 < time.monotonic() - t0 < 30
 
 
 @pytest.mark.parametrize("how", ["discard", "reset"])
