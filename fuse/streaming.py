@@ -21,8 +21,9 @@ for a broken stream are garbage the server's gc reclaims.
 
 Memory is bounded per mount, not per file: :class:`StreamPool` runs at most
 ``workers`` steps at once (each holds one read window, :data:`READ_WINDOW`,
-plus one unfinished chunk) and admits at most ``max_streams`` files, each with
-at most one partial pack in its sink; a file beyond that is synced whole.
+plus one unfinished chunk) and admits at most ``max_streams`` files (default 8,
+one per rank of a node), each with at most one partial pack in its sink (16 MiB
+for an HTTP plane): about 150 MiB in all. A file beyond that is synced whole.
 
 Locking: a stream's ``mu`` orders a write's check, its ``pwrite`` and the new
 end against the worker's claim of the bytes it will read, so the worker never
@@ -55,7 +56,7 @@ Chunks = list[tuple[bytes, int]]
 class StreamPool:
     """The background workers of one mount and the cap on files streamed at once."""
 
-    def __init__(self, workers: int = 2, max_streams: int = 32) -> None:
+    def __init__(self, workers: int = 2, max_streams: int = 8) -> None:
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="fabric-stream")
         self._slots = threading.BoundedSemaphore(max_streams)
         self._lock = threading.Lock()
