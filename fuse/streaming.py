@@ -86,7 +86,8 @@ class StreamPool:
         self._slots.release()
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """Let the steps queued run out (each ends a stream's ``_running``), then stop the workers."""
+        self._executor.shutdown(wait=True)
 
 
 class ContentStream:
@@ -130,9 +131,12 @@ class ContentStream:
             self._break_locked()
 
     def close(self) -> None:
-        """End the stream with its file (a step still running stops after its window)."""
+        """End the stream with its file: returns once no step reads the file's descriptor
+        (a step running stops after its window), so the caller may close it."""
         with self.mu:
             self._break_locked(count=False)
+            while self._running:
+                self._idle.wait()
 
     def finish(self) -> tuple[Chunks, str] | None:
         """The chunk list and MD5 of the whole file, every chunk stored at the server; None when
@@ -166,7 +170,13 @@ class ContentStream:
             if self._running or self._paused or self.broken or self.end - self.claimed < STEP:
                 return
             self._running = True
-        self._pool.submit(self._run)
+        try:
+            self._pool.submit(self._run)
+        except RuntimeError:  # the pool is shut down (the mount is going away): sync whole
+            with self.mu:
+                self._running = False
+                self._break_locked()
+                self._idle.notify_all()
 
     def _run(self) -> None:
         try:
