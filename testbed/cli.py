@@ -60,7 +60,10 @@ def wan_proxy(
     except OSError as e:
         raise click.ClickException(f"cannot listen on {listen}: {e}") from e
     done = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: done.set())
+    # Ctrl-C and SIGTERM stop it whatever this process inherited (a parent may ignore or block them).
+    stops = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+    previous = {sig: signal.signal(sig, lambda *_: done.set()) for sig in stops}
     rate = f"{rate_mbit:g} Mbit/s per direction" if rate_mbit else "no rate cap"
     host = f"[{lhost}]" if ":" in lhost else lhost
     ctx = click.get_current_context().find_object(Ctx)
@@ -74,10 +77,9 @@ def wan_proxy(
     try:
         while not done.wait(0.5):
             pass
-    except KeyboardInterrupt:
-        pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         stats = proxy.stats()
         proxy.stop()
         if as_json:

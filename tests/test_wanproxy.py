@@ -534,6 +534,7 @@ def test_cli_wan_proxy(echo_port: int) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_plain_signals,
     )
     try:
         assert proc.stdout is not None
@@ -547,13 +548,25 @@ def test_cli_wan_proxy(echo_port: int) -> None:
         s.close()
         assert min(pings) >= 30, pings
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)  # (stop() may take up to 2 x 10 s on a loaded machine)
+        try:
+            out, err = proc.communicate(timeout=60)  # (stop() may take up to 2 x 10 s on a loaded machine)
+        except subprocess.TimeoutExpired:
+            status = open(f"/proc/{proc.pid}/status").read()
+            signals = [line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt", "Threads"))]
+            raise AssertionError(f"fabric wan-proxy did not stop on SIGINT: {signals}") from None
         assert proc.returncode == 0, err
         assert "stopped: 1 connections" in out
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _plain_signals() -> None:
+    """In the child: SIGINT and SIGTERM as a shell would leave them, whatever the test process did to its own."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _wait(cond, timeout: float = 10.0) -> None:
