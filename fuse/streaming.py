@@ -103,7 +103,6 @@ class ContentStream:
         self.broken = False
         self._running = False  # a worker step is queued or running
         self._paused = False  # finish() is consuming: no new steps
-        self._released = False
         self._chunker = StreamChunker(new_sink)  # used by one consuming thread at a time
 
     # -- the writer's side (called with the file's lock held) ---------------------------
@@ -135,8 +134,7 @@ class ContentStream:
         (a step running stops after its window), so the caller may close it."""
         with self.mu:
             self._break_locked(count=False)
-            while self._running:
-                self._idle.wait()
+            self._wait_idle_locked()
 
     def finish(self) -> tuple[Chunks, str] | None:
         """The chunk list and MD5 of the whole file, every chunk stored at the server; None when
@@ -144,8 +142,7 @@ class ContentStream:
         later appends extend it."""
         with self.mu:
             self._paused = True
-            while self._running:
-                self._idle.wait()
+            self._wait_idle_locked()
             if self.broken:
                 self._paused = False
                 return None
@@ -207,10 +204,13 @@ class ContentStream:
             start += n
 
     def _break_locked(self, count: bool = True) -> None:
+        """Give the stream up (once): its slot in the pool is free again."""
         if not self.broken:
             self.broken = True
+            self._pool.release()
             if count:
                 self._pool.count(broken=1)
-        if not self._released:
-            self._released = True
-            self._pool.release()
+
+    def _wait_idle_locked(self) -> None:
+        while self._running:
+            self._idle.wait()

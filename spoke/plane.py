@@ -67,10 +67,10 @@ META_SHARE = 0.1
 ANSWER_TTL = 30.0
 #: Name prefix of the metrics of calls to the hub: ``fabric_upstream_calls_total``, ``fabric_upstream_call_seconds``.
 UPSTREAM_METRICS = "fabric_upstream"
-#: How long a call to the hub may wait: a hub that stays silent longer counts as unreachable (the
-#: circuit breaker opens and reads are served as while it is down). ``fabric spoke --hub-timeout``.
 #: How long a ``local`` write waits for room among the pinned chunks before CacheFull (507).
 FULL_WAIT = 120.0
+#: How long a call to the hub may wait: a hub that stays silent longer counts as unreachable (the
+#: circuit breaker opens and reads are served as while it is down). ``fabric spoke --hub-timeout``.
 HUB_TIMEOUTS = Timeouts(connect=5.0, read=10.0, write=60.0, pool=10.0, slow=300.0)
 
 
@@ -533,9 +533,15 @@ class SpokePlane(DataPlane):
         """Keep a pack's frames (chunks of ``repo``) pinned (and on disk for good) in the cache
         until the queued writes that use them reach the hub, and start sending them there;
         how many were new here."""
+        new = self._pin(repo, pack, chunks)
+        self.writeback.send_early(repo, [c.id for c in chunks])
+        return new
+
+    def _pin(self, repo: str, pack: bytes, chunks: Sequence[packs.PackedChunk]) -> int:
+        """Pin a verified pack's frames as chunks of ``repo``, waiting up to ``full_wait`` for
+        room; how many were new here."""
         new = self.chunk_cache.put_pinned(((c.id, pack[c.offset : c.offset + c.length]) for c in chunks), wait=self.full_wait)
         self.ownership.learn(repo, (c.id for c in chunks))
-        self.writeback.send_early(repo, [c.id for c in chunks])
         return new
 
     def _cache_pack(self, repo: str | None, builder: packs.PackBuilder) -> None:
@@ -648,8 +654,7 @@ class SpokePlane(DataPlane):
     def keep_replica_pack(self, repo: str, data: bytes) -> tuple[int, int]:
         """Pin a pack of another spoke's replicated write (not sent to the hub: its origin does)."""
         chunks = packs.verify_pack(data)
-        new = self.chunk_cache.put_pinned(((c.id, data[c.offset : c.offset + c.length]) for c in chunks), wait=self.full_wait)
-        self.ownership.learn(repo, (c.id for c in chunks))
+        new = self._pin(repo, data, chunks)
         self.replicas.hold_pack([c.id for c in chunks])
         return len(chunks), new
 

@@ -24,7 +24,6 @@ newer version would be overwritten.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
@@ -36,6 +35,8 @@ import httpx
 from fabric.cache.disk import DiskCache
 from fabric.format.model import Entry, stored_ids
 from fabric.util import sqlite
+
+from .holds import Holds
 
 log = logging.getLogger("fabric.spoke.replicas")
 
@@ -61,7 +62,7 @@ class ReplicaStore:
         )
         self._db.execute("CREATE INDEX IF NOT EXISTS standby_path ON standby (origin, repo, branch, path)")
         self._down_since: dict[str, float] = {}  # origin -> monotonic time of the first failed probe
-        self._holds: collections.deque[tuple[float, list[bytes]]] = collections.deque()  # (ends, chunk ids) of packs
+        self._holds = Holds(hold)  # chunks of copied packs, waiting for their entries
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.promoted = 0
@@ -101,8 +102,7 @@ class ReplicaStore:
     def hold_pack(self, ids: list[bytes]) -> None:
         """The chunks of a copied pack stay pinned for ``hold`` seconds, waiting for the
         entries that use them (an origin that dies before sending them does not keep them)."""
-        with self._lock:
-            self._holds.append((time.monotonic() + self.hold, ids))
+        self._holds.add(ids)
 
     # -- state ----------------------------------------------------------------------------
     def pinned_chunks(self) -> set[bytes]:
@@ -178,12 +178,7 @@ class ReplicaStore:
         log.warning("replicas: %s has not answered for %.0f s: %d of its write(s) queued here for the hub", origin, self.promote_after, len(rows))
 
     def _drop_expired(self) -> None:
-        now = time.monotonic()
-        expired: list[bytes] = []
-        with self._lock:
-            while self._holds and self._holds[0][0] <= now:
-                expired += self._holds.popleft()[1]
-        self.release(expired)
+        self.release(self._holds.expired())
         cutoff = time.time() - self.hold
         with self._lock, sqlite.transaction(self._db) as cur:
             rows = cur.execute("SELECT id, entry FROM standby WHERE received < ?", (cutoff,)).fetchall()

@@ -13,7 +13,8 @@ peer takes the copy the write fails (Unavailable): it is never acknowledged as
 replicated while it is not.
 
 When a write lands at the hub, the peers that hold copies are told (:meth:`Replication.landed`,
-in the background, best effort), so they drop them.
+in the background; a peer that misses it, restarting say, is told again for about a minute),
+so they drop them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ DOWN_SECONDS = 10.0
 REPLICA_TIMEOUTS = Timeouts(connect=1.0, read=30.0, write=30.0, pool=5.0, slow=30.0)
 #: Landed notices waiting to be sent (beyond this they are dropped: the peer's hold ends them).
 NOTICE_BACKLOG = 1000
+#: A notice a peer did not take (it is restarting, say) is sent again this often, this many times.
+NOTICE_RETRY, NOTICE_TRIES = 2.0, 30
 #: Chunk ids per question to the peer (its limit per request).
 MAX_IDS = 10_000
 
@@ -61,7 +64,8 @@ class Replication:
         self._down: dict[str, float] = {}
         self._lock = threading.Lock()
         self._holders: set[str] = set()  # peers that were sent copies (they hear of landed writes)
-        self._notices: queue.Queue[tuple[str, str, dict[str, Entry | None]] | None] = queue.Queue(NOTICE_BACKLOG)
+        #: (repo, branch, changes, the peers to tell, tries so far); None stops the notifier.
+        self._notices: queue.Queue[tuple[str, str, dict[str, Entry | None], list[str], int] | None] = queue.Queue(NOTICE_BACKLOG)
         self._notifier = threading.Thread(target=self._notify, name="replication-notices", daemon=True)
         self._notifier.start()
         self.copied_bytes = 0
@@ -141,20 +145,27 @@ class Replication:
     def landed(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
         """Tell the peers holding copies that these writes are at the hub (in the background)."""
         with self._lock:
-            if not self._holders:
-                return
+            holders = sorted(self._holders)
+        if holders:
+            self._notice((repo, branch, dict(changes), holders, 0))
+
+    def _notice(self, item: tuple[str, str, dict[str, Entry | None], list[str], int]) -> None:
         try:
-            self._notices.put_nowait((repo, branch, dict(changes)))
+            self._notices.put_nowait(item)
         except queue.Full:
             log.warning("replication: landed notices are behind; peers will drop their copies after their hold")
 
     def _notify(self) -> None:
         while (item := self._notices.get()) is not None:
-            repo, branch, changes = item
-            with self._lock:
-                holders = sorted(self._holders)
-            for peer in holders:
+            repo, branch, changes, peers, tries = item
+            missed = []
+            for peer in peers:
                 try:
                     self._post(peer, "/landed", repo, branch, content=pack_changes(changes))
                 except (httpx.HTTPError, FabricError) as exc:
                     log.info("replication: %s did not hear that %d write(s) landed: %s", peer, len(changes), exc)
+                    missed.append(peer)
+            if missed and tries + 1 < NOTICE_TRIES:  # told again later, without holding up the others
+                retry = threading.Timer(NOTICE_RETRY, self._notice, ((repo, branch, changes, missed, tries + 1),))
+                retry.daemon = True
+                retry.start()

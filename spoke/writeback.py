@@ -53,6 +53,7 @@ from fabric.format import packs
 from fabric.format.model import FILE, Entry, stored_ids
 from fabric.util import sqlite
 
+from .holds import Holds
 from .hub_errors import is_permanent, never_sent
 from .traffic import PUSH, Traffic
 
@@ -95,7 +96,7 @@ class WriteBack:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._early: collections.deque[tuple[str, bytes]] = collections.deque()  # (repo, chunk id)
-        self._holds: collections.deque[tuple[float, list[bytes]]] = collections.deque()  # (ends, chunks), in time order
+        self._holds = Holds(upload_hold)  # chunks sent on early, waiting for their entries
         self._retry_at: dict[Branch | None, tuple[float, float]] = {}  # branch (None: early chunks) -> (when, backoff)
         self.early_sent = 0
         self.landed = 0
@@ -145,10 +146,9 @@ class WriteBack:
         """Push these just uploaded, pinned chunks of ``repo`` to the hub as soon as it can
         take them, before any entry that uses them is queued (best effort: one that is gone
         from the cache is skipped), and hold their pins for ``upload_hold`` seconds."""
-        ends = time.monotonic() + self.upload_hold
+        self._holds.add(ids)
         with self._wake:
             self._early.extend((repo, cid) for cid in ids)
-            self._holds.append((ends, list(ids)))
             self._wake.notify_all()
 
     def pending(self, repo: str, branch: str) -> dict[str, bytes | None]:
@@ -413,12 +413,7 @@ class WriteBack:
 
     def _release_expired_holds(self) -> None:
         """Unpin uploaded chunks whose hold ended and that no queued write needs."""
-        now = time.monotonic()
-        expired: list[bytes] = []
-        with self._lock:
-            while self._holds and self._holds[0][0] <= now:
-                expired += self._holds.popleft()[1]
-        self._unpin_unneeded(expired)
+        self._unpin_unneeded(self._holds.expired())
 
     def _send_early_batch(self) -> None:
         with self._lock:

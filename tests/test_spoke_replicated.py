@@ -111,9 +111,7 @@ def test_copies_are_dropped_once_the_writes_land(hub: Hub, tmp_path) -> None:
         a.stage(repo, "main", {"x.bin": entry}, "replicated")
         wait_for(lambda: p.a.stats()["writeback_pending"] == 0, timeout=60, interval=0.2)
         wait_for(lambda: p.b.stats()["replicas_held"] == 0, timeout=30, interval=0.2)
-        stats = p.b.stats()
-        assert stats["cache_pinned_bytes"] == 0 and stats["replicas_promoted"] == 0
-        assert stats["writeback_pending"] == 0  # the peer pushed nothing itself
+        assert p.b.stats()["cache_pinned_bytes"] == 0
         assert p.a.stats()["replication_copied_bytes"] >= len(data)
     assert hub.plane().read(repo, "main", "x.bin") == data
 
