@@ -45,7 +45,7 @@ $(STAMP): pyproject.toml
 	  echo "venv: $(VENV) is broken, recreating"; rm -rf '$(VENV)'; fi
 	@if [ ! -x '$(VPY)' ]; then echo "venv: creating $(VENV) with $(PY)"; \
 	  '$(PY)' -m venv '$(VENV)'; fi
-	'$(VPY)' -m pip install $(PIP_FLAGS) -q -e '.[test,torch]'
+	'$(VPY)' -m pip install $(PIP_FLAGS) -q -e '.[test,torch,csi]'
 	@touch '$@'
 
 $(S3TOOLS)/.stamp:
@@ -72,7 +72,7 @@ layers: venv
 	'$(VENV)/bin/lint-imports'
 
 lint: venv layers
-	'$(VENV)/bin/ruff' check fabric hub spoke fuse testbed tests bench scripts
+	'$(VENV)/bin/ruff' check fabric hub spoke fuse csi testbed tests bench scripts
 
 clean:
 	rm -rf build *.egg-info .pytest_cache

@@ -1,0 +1,327 @@
+"""The CSI driver called the way kubelet and the external-provisioner call it.
+
+Real hub on loopback, real ``fabric csi`` on a unix socket, real FUSE mounts at the
+target paths (bind mounts of the share's sub-directory).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from csi.mounts import Mounts, is_mounted
+from csi.proto import pb
+from fabric.errors import NotFound
+from fabric.format.model import SYMLINK, Entry
+from tests.csi_driver import CsiDriver
+from tests.fuse_helpers import needs_fuse
+
+pytestmark = needs_fuse
+
+Mode = pb.VolumeCapability.AccessMode
+RWX = Mode.MULTI_NODE_MULTI_WRITER
+ROX = Mode.MULTI_NODE_READER_ONLY
+
+
+def capability(mode=RWX, *flags: str):
+    return pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(mount_flags=list(flags)), access_mode=Mode(mode=mode))
+
+
+def code_of(call, request) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as info:
+        call(request, timeout=120)
+    return info.value.code()
+
+
+def claim_parameters(hub, share: str, **extra: str) -> dict:
+    return {
+        "server": hub.url,
+        "share": share,
+        "csi.storage.k8s.io/pvc/name": "claim-a",
+        "csi.storage.k8s.io/pvc/namespace": "team",
+        "csi.storage.k8s.io/pv/name": "pvc-0001",
+        **extra,
+    }
+
+
+@pytest.fixture
+def repo(hub):
+    """A repository with one committed file on main and a tag v1."""
+    name = "csi" + hashlib.sha1(os.urandom(8)).hexdigest()[:8]
+    plane = hub.plane()
+    plane.create_repo(name)
+    plane.put_object(name, "main", "data/a.txt", io.BytesIO(b"alpha\n"))
+    plane.put_object(name, "main", "big/blob.bin", io.BytesIO(os.urandom(24 << 20)))
+    plane.commit(name, "main", "seed")
+    plane.create_tag(name, "v1", "main")
+    return name
+
+
+@pytest.fixture
+def driver(tmp_path):
+    with CsiDriver(tmp_path) as d:
+        yield d
+
+
+def publish(d: CsiDriver, volume_id: str, target: str, token: str, context: dict | None = None, mode=RWX, *flags: str, readonly=False):
+    return d.node.NodePublishVolume(
+        pb.NodePublishVolumeRequest(
+            volume_id=volume_id,
+            target_path=target,
+            volume_capability=capability(mode, *flags),
+            readonly=readonly,
+            secrets={"token": token},
+            volume_context=context or {},
+        ),
+        timeout=180,
+    )
+
+
+def unpublish(d: CsiDriver, volume_id: str, target: str):
+    return d.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=target), timeout=180)
+
+
+def test_identity_and_capabilities_are_truthful_and_repeatable(driver):
+    for _ in range(2):
+        info = driver.identity.GetPluginInfo(pb.GetPluginInfoRequest())
+        assert info.name == "csi.fabric.dev" and info.vendor_version
+        assert driver.identity.Probe(pb.ProbeRequest()).ready.value is True
+        caps = driver.identity.GetPluginCapabilities(pb.GetPluginCapabilitiesRequest()).capabilities
+        assert [c.service.type for c in caps] == [pb.PluginCapability.Service.CONTROLLER_SERVICE]
+        assert driver.node.NodeGetInfo(pb.NodeGetInfoRequest()).node_id == "node-1"
+        node_caps = {c.rpc.type for c in driver.node.NodeGetCapabilities(pb.NodeGetCapabilitiesRequest()).capabilities}
+        assert pb.NodeServiceCapability.RPC.GET_VOLUME_STATS in node_caps
+        assert pb.NodeServiceCapability.RPC.STAGE_UNSTAGE_VOLUME not in node_caps
+        ctl_caps = {c.rpc.type for c in driver.controller.ControllerGetCapabilities(pb.ControllerGetCapabilitiesRequest()).capabilities}
+        assert pb.ControllerServiceCapability.RPC.CREATE_DELETE_VOLUME in ctl_caps
+        assert pb.ControllerServiceCapability.RPC.GET_CAPACITY not in ctl_caps
+    with pytest.raises(grpc.RpcError) as info:
+        driver.controller.GetCapacity(pb.GetCapacityRequest())
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED and "no fixed capacity" in info.value.details()
+
+
+def test_dynamic_volume_written_by_one_pod_is_read_by_another(hub, repo, driver, tmp_path):
+    params = claim_parameters(hub, f"{repo}@main", subDir="${pvc.metadata.namespace}/${pvc.metadata.name}", onDelete="archive")
+    create = pb.CreateVolumeRequest(
+        name="pvc-0001",
+        capacity_range=pb.CapacityRange(required_bytes=1 << 30),
+        volume_capabilities=[capability()],
+        parameters=params,
+        secrets={"token": hub.token},
+    )
+    volume = driver.controller.CreateVolume(create, timeout=60).volume
+    assert volume.volume_context == {"server": hub.url, "share": f"{repo}@main/team/claim-a"}
+    assert volume.capacity_bytes == 1 << 30
+    assert driver.controller.CreateVolume(create, timeout=60).volume == volume  # idempotent
+    assert hub.plane().stat(repo, "main", "team/claim-a").kind == "dir"
+    bigger = pb.CreateVolumeRequest()
+    bigger.CopyFrom(create)
+    bigger.capacity_range.required_bytes = 2 << 30
+    assert code_of(driver.controller.CreateVolume, bigger) == grpc.StatusCode.ALREADY_EXISTS
+
+    writer, reader = str(tmp_path / "pod-a" / "mount"), str(tmp_path / "pod-b" / "mount")
+    os.makedirs(os.path.dirname(writer)), os.makedirs(os.path.dirname(reader))
+    publish(driver, volume.volume_id, writer, hub.token, dict(volume.volume_context), RWX, "durability=hub")
+    publish(driver, volume.volume_id, writer, hub.token, dict(volume.volume_context), RWX, "durability=hub")  # repeated: OK
+    assert os.listdir(writer) == []  # the pod sees its own sub-directory only
+    with open(os.path.join(writer, "result.txt"), "wb") as f:
+        f.write(b"written by pod a\n")
+        os.fsync(f.fileno())
+    publish(driver, volume.volume_id, reader, hub.token, dict(volume.volume_context), RWX)
+    with open(os.path.join(reader, "result.txt"), "rb") as f:
+        assert f.read() == b"written by pod a\n"
+
+    assert not any(hub.token in cmdline for cmdline in _command_lines()), "a token is on a command line"
+
+    other = pb.NodePublishVolumeRequest(volume_id="other-volume", target_path=writer, volume_capability=capability(ROX), volume_context={"server": hub.url, "share": f"{repo}@v1"})
+    assert code_of(driver.node.NodePublishVolume, other) == grpc.StatusCode.ALREADY_EXISTS
+
+    stats = driver.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(volume_id=volume.volume_id, volume_path=writer), timeout=60)
+    assert not stats.volume_condition.abnormal
+    assert {u.unit for u in stats.usage} == {pb.VolumeUsage.BYTES, pb.VolumeUsage.INODES}
+    assert code_of(driver.node.NodeGetVolumeStats, pb.NodeGetVolumeStatsRequest(volume_id="nope", volume_path=writer)) == grpc.StatusCode.NOT_FOUND
+
+    for target in (writer, reader):
+        unpublish(driver, volume.volume_id, target)
+        unpublish(driver, volume.volume_id, target)  # repeated: OK
+        assert not is_mounted(target) and not os.path.exists(target)
+    assert Mounts(driver.state).all() == []
+
+    delete = pb.DeleteVolumeRequest(volume_id=volume.volume_id, secrets={"token": hub.token})
+    driver.controller.DeleteVolume(delete, timeout=60)
+    driver.controller.DeleteVolume(delete, timeout=60)  # repeated: OK
+    plane = hub.plane()
+    assert plane.read(repo, "archive-pvc-0001", "team/claim-a/result.txt") == b"written by pod a\n"
+    with pytest.raises(NotFound):
+        plane.stat(repo, "main", "team/claim-a")
+    assert plane.read(repo, "main", "data/a.txt") == b"alpha\n"  # the rest of the branch is untouched
+    assert hub.token not in driver.all_logs()
+
+
+def test_static_read_only_volume_of_a_tag(hub, repo, driver, tmp_path):
+    plane = hub.plane()
+    target = str(tmp_path / "pod" / "mount")
+    os.makedirs(os.path.dirname(target))
+    context = {"server": hub.url, "share": f"{repo}@v1/data"}
+    publish(driver, "static-imagenet", target, hub.token, context, ROX)
+    assert open(os.path.join(target, "a.txt"), "rb").read() == b"alpha\n"
+    with pytest.raises(OSError) as info:
+        open(os.path.join(target, "new.txt"), "wb")
+    assert info.value.errno == errno.EROFS
+    unpublish(driver, "static-imagenet", target)
+
+    # Writable on a tag, a ref that does not exist, a sub-directory that does not: refused, nothing left behind.
+    assert code_of(driver.node.NodePublishVolume, _publish_request(target, hub, f"{repo}@v1", RWX)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(driver.node.NodePublishVolume, _publish_request(target, hub, f"{repo}@v9", ROX)) == grpc.StatusCode.NOT_FOUND
+    assert code_of(driver.node.NodePublishVolume, _publish_request(target, hub, f"{repo}@v1/missing", ROX)) == grpc.StatusCode.NOT_FOUND
+    # A sub-directory that is a link out of the volume is not followed on the node.
+    plane.commit_changes(repo, "main", {"escape": Entry(SYMLINK, 4, 0o777, time.time_ns(), target="/etc")}, "a link out")
+    assert code_of(driver.node.NodePublishVolume, _publish_request(target, hub, f"{repo}@main/escape", ROX)) == grpc.StatusCode.NOT_FOUND
+    # A token that cannot read the repository learns nothing of it.
+    assert code_of(driver.node.NodePublishVolume, _publish_request(target, hub, f"{repo}@v1", ROX, token="not-a-token")) == grpc.StatusCode.UNAUTHENTICATED
+    assert not os.path.exists(target) and Mounts(driver.state).all() == []
+
+
+def _command_lines() -> list[str]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            pass
+    return out
+
+
+def _publish_request(target: str, hub, share: str, mode, token: str | None = None):
+    return pb.NodePublishVolumeRequest(
+        volume_id="v",
+        target_path=target,
+        volume_capability=capability(mode),
+        secrets={"token": token or hub.token},
+        volume_context={"server": hub.url, "share": share},
+    )
+
+
+def test_branch_per_claim_is_created_and_deleted(hub, repo, driver):
+    params = claim_parameters(hub, repo + "@${pvc.metadata.name}", onDelete="delete")
+    volume = driver.controller.CreateVolume(
+        pb.CreateVolumeRequest(name="pvc-0002", volume_capabilities=[capability()], parameters=params, secrets={"token": hub.token}), timeout=60
+    ).volume
+    plane = hub.plane()
+    assert "claim-a" in {b["name"] for b in plane.list_branches(repo)}
+    assert plane.read(repo, "claim-a", "data/a.txt") == b"alpha\n"  # made from the default branch
+    driver.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id, secrets={"token": hub.token}), timeout=60)
+    assert "claim-a" not in {b["name"] for b in plane.list_branches(repo)}
+    # The repository's default branch is never deleted for a claim.
+    guard = driver.controller.CreateVolume(
+        pb.CreateVolumeRequest(name="pvc-0003", volume_capabilities=[capability()], parameters=claim_parameters(hub, f"{repo}@main", onDelete="delete"), secrets={"token": hub.token}),
+        timeout=60,
+    ).volume
+    assert code_of(driver.controller.DeleteVolume, pb.DeleteVolumeRequest(volume_id=guard.volume_id, secrets={"token": hub.token})) == grpc.StatusCode.FAILED_PRECONDITION
+    assert "main" in {b["name"] for b in plane.list_branches(repo)}
+
+
+def test_missing_and_wrong_arguments_get_the_codes_the_spec_requires(hub, repo, driver, tmp_path):
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    ok_params = claim_parameters(hub, f"{repo}@main")
+    target = str(tmp_path / "t")
+    cases = [
+        (driver.controller.CreateVolume, pb.CreateVolumeRequest(volume_capabilities=[capability()], parameters=ok_params), invalid),
+        (driver.controller.CreateVolume, pb.CreateVolumeRequest(name="x", parameters=ok_params), invalid),
+        (driver.controller.CreateVolume, pb.CreateVolumeRequest(name="x", volume_capabilities=[capability()], parameters={"server": hub.url}), invalid),
+        (driver.controller.CreateVolume, pb.CreateVolumeRequest(name="x", volume_capabilities=[capability()], parameters={**ok_params, "colour": "red"}), invalid),
+        (driver.controller.CreateVolume, pb.CreateVolumeRequest(name="x", volume_capabilities=[capability()], parameters={**ok_params, "onDelete": "shred"}), invalid),
+        (driver.controller.CreateVolume, pb.CreateVolumeRequest(name="x", volume_capabilities=[capability()], parameters={**ok_params, "subDir": "${pod.name}"}), invalid),
+        (driver.controller.CreateVolume, pb.CreateVolumeRequest(name="x", volume_capabilities=[capability()], parameters={**ok_params, "subDir": "../up"}), invalid),
+        (driver.controller.CreateVolume, pb.CreateVolumeRequest(name="x", volume_capabilities=[capability()], parameters={**ok_params, "share": f"{repo}@v1"}), invalid),
+        (driver.controller.CreateVolume, pb.CreateVolumeRequest(name="x", volume_capabilities=[pb.VolumeCapability(block=pb.VolumeCapability.BlockVolume(), access_mode=Mode(mode=RWX))], parameters=ok_params), invalid),
+        (driver.controller.CreateVolume, pb.CreateVolumeRequest(name="x", volume_capabilities=[capability()], parameters={**ok_params, "share": "no-such-repo@main"}), invalid),
+        (driver.controller.DeleteVolume, pb.DeleteVolumeRequest(), invalid),
+        (driver.controller.ValidateVolumeCapabilities, pb.ValidateVolumeCapabilitiesRequest(volume_capabilities=[capability()]), invalid),
+        (driver.controller.ValidateVolumeCapabilities, pb.ValidateVolumeCapabilitiesRequest(volume_id="unknown", volume_capabilities=[capability()]), grpc.StatusCode.NOT_FOUND),
+        (driver.node.NodePublishVolume, pb.NodePublishVolumeRequest(target_path=target, volume_capability=capability()), invalid),
+        (driver.node.NodePublishVolume, pb.NodePublishVolumeRequest(volume_id="v", volume_capability=capability()), invalid),
+        (driver.node.NodePublishVolume, pb.NodePublishVolumeRequest(volume_id="v", target_path=target), invalid),
+        (driver.node.NodePublishVolume, pb.NodePublishVolumeRequest(volume_id="v", target_path="relative/path", volume_capability=capability()), invalid),
+        (driver.node.NodePublishVolume, pb.NodePublishVolumeRequest(volume_id="v", target_path=target, volume_capability=capability(), volume_context={"server": hub.url}), invalid),
+        (driver.node.NodePublishVolume, pb.NodePublishVolumeRequest(volume_id="v", target_path=target, volume_capability=capability(RWX, "sync"), volume_context={"server": hub.url, "share": f"{repo}@main"}), invalid),
+        (driver.node.NodePublishVolume, pb.NodePublishVolumeRequest(volume_id="unknown-handle", target_path=target, volume_capability=capability()), grpc.StatusCode.NOT_FOUND),
+        (driver.node.NodeUnpublishVolume, pb.NodeUnpublishVolumeRequest(target_path=target), invalid),
+        (driver.node.NodeUnpublishVolume, pb.NodeUnpublishVolumeRequest(volume_id="v"), invalid),
+        (driver.node.NodeGetVolumeStats, pb.NodeGetVolumeStatsRequest(volume_path=target), invalid),
+        (driver.node.NodeGetVolumeStats, pb.NodeGetVolumeStatsRequest(volume_id="v"), invalid),
+        (driver.node.NodeGetVolumeStats, pb.NodeGetVolumeStatsRequest(volume_id="v", volume_path=target), grpc.StatusCode.NOT_FOUND),
+    ]
+    for call, request, want in cases:
+        if "secrets" in request.DESCRIPTOR.fields_by_name:
+            request.secrets["token"] = hub.token  # a token that may do it all: the arguments are what is wrong
+        assert code_of(call, request) == want, f"{call._method}: {request}"
+    # A volume id that is not ours is deleted (it does not exist): OK, as the spec requires.
+    driver.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id="not-one-of-ours"), timeout=30)
+    assert "x" not in {b["name"] for b in hub.plane().list_branches(repo)} and not os.path.exists(target)
+
+
+def _slow_reader(path: str, out: str) -> subprocess.Popen:
+    """A pod reading a file slowly (1 MiB per 50 ms) and writing its digest to ``out``."""
+    code = (
+        "import hashlib,sys,time\n"
+        "h=hashlib.sha256()\n"
+        "with open(sys.argv[1],'rb') as f:\n"
+        "    while b:=f.read(1<<20):\n"
+        "        h.update(b); time.sleep(0.05)\n"
+        "open(sys.argv[2],'w').write(h.hexdigest())\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code, path, out])
+
+
+@pytest.mark.parametrize("mounter", [False, True], ids=["driver-owns-mounts", "mounter-owns-mounts"])
+def test_restarting_the_driver_leaves_a_volume_being_read_mounted(hub, repo, tmp_path, mounter):
+    expected = hashlib.sha256(hub.plane().read(repo, "v1", "big/blob.bin")).hexdigest()
+    target = str(tmp_path / "pod" / "mount")
+    os.makedirs(os.path.dirname(target))
+    with CsiDriver(tmp_path / "csi", mounter=mounter) as d:
+        publish(d, "imagenet-v1", target, hub.token, {"server": hub.url, "share": f"{repo}@v1"}, ROX)
+        reader = _slow_reader(os.path.join(target, "big", "blob.bin"), str(tmp_path / "digest"))
+        time.sleep(0.3)
+        d.kill()
+        assert reader.poll() is None, "the read should still be going when the driver dies"
+        d.start()
+        assert reader.wait(120) == 0
+        assert (tmp_path / "digest").read_text() == expected
+        assert is_mounted(target)
+        assert "adopted volume imagenet-v1" in d.log()
+        stats = d.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(volume_id="imagenet-v1", volume_path=target), timeout=60)
+        assert not stats.volume_condition.abnormal
+        unpublish(d, "imagenet-v1", target)
+        assert not is_mounted(target) and not os.path.exists(target)
+
+
+def test_unpublish_cleans_up_after_the_mount_process_died(hub, repo, driver, tmp_path):
+    target = str(tmp_path / "pod" / "mount")
+    os.makedirs(os.path.dirname(target))
+    publish(driver, "vol", target, hub.token, {"server": hub.url, "share": f"{repo}@v1"}, ROX)
+    pub = Mounts(driver.state).get(target)
+    os.kill(pub.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.listdir(target)
+        except OSError as exc:
+            assert exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)  # what pods see of a dead FUSE server
+            break
+        time.sleep(0.1)
+    stats = driver.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(volume_id="vol", volume_path=target), timeout=60)
+    assert stats.volume_condition.abnormal and "not running" in stats.volume_condition.message
+    unpublish(driver, "vol", target)
+    assert not is_mounted(target) and not is_mounted(pub.private)
+    assert not os.path.exists(target) and Mounts(driver.state).all() == []

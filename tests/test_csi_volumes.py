@@ -1,0 +1,40 @@
+"""Volume ids, shares, StorageClass templates and mount options of the CSI driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from csi.volumes import Volume, VolumeError, expand, parse_mount_flags, parse_share, parse_volume_id
+
+PARAMS = {"csi.storage.k8s.io/pvc/name": "claim", "csi.storage.k8s.io/pvc/namespace": "ns", "csi.storage.k8s.io/pv/name": "pvc-1"}
+
+
+def test_a_volume_id_carries_everything_delete_needs():
+    vol = Volume("http://spoke:8700,http://hub:8600", "datasets", "main", "ns/claim", "archive", "pvc-1")
+    assert parse_volume_id(vol.volume_id) == vol
+    assert vol.context() == {"server": "http://spoke:8700,http://hub:8600", "share": "datasets@main/ns/claim"}
+    for foreign in ("", "pvc-1234", "a#b#c#d", "http://x#repo@main##shred#n", "ftp://x#repo@main##retain#n", "http://x#repo@main#../up#retain#n"):
+        assert parse_volume_id(foreign) is None
+
+
+def test_shares_and_templates():
+    assert parse_share("datasets@v1") == ("datasets", "v1", "")
+    assert parse_share("datasets@main/team/a/") == ("datasets", "main", "team/a")
+    for bad in ("datasets", "@main", "datasets@", "datasets@ma..in", "datasets@main/../etc"):
+        with pytest.raises(VolumeError):
+            parse_share(bad)
+    assert expand("${pvc.metadata.namespace}/${pvc.metadata.name}-${pv.metadata.name}", PARAMS) == "ns/claim-pvc-1"
+    with pytest.raises(VolumeError, match="unknown template"):
+        expand("${pod.name}", PARAMS)
+    with pytest.raises(VolumeError, match="extra-create-metadata"):
+        expand("${pvc.metadata.name}", {})
+
+
+def test_mount_options():
+    opts = parse_mount_flags(["ro", "durability=replicated,cache-size=20G", "commit-interval=30", "commit-on-unmount"])
+    assert opts.read_only and opts.durability == "replicated"
+    assert opts.mount_args("/c") == ["--durability", "replicated", "--cache-dir", "/c", "--cache-size", "20G", "--commit-interval", "30", "--commit-on-unmount"]
+    assert parse_mount_flags([]).mount_args("/c") == ["--durability", "local"]
+    for bad in (["durability=disk"], ["cache-size=lots"], ["nolock"], ["commit-interval=-1"], ["ro=1"]):
+        with pytest.raises(VolumeError, match="fabric volumes take"):
+            parse_mount_flags(bad)
