@@ -228,8 +228,8 @@ def test_one_server_behaves_as_before(hub):
 
 
 def test_the_hub_list_of_a_spoke(hub, dataset, tmp_path):
-    """``fabric spoke --hub A,B``: A is cut (its connections reset, new ones refused), and the
-    spoke goes on: uncached reads, a token it never saw, a write at the hub and a commit."""
+    """``fabric spoke --hub A,B``: the hub it uses is cut (its connections reset, new ones refused),
+    and the spoke goes on: uncached reads, a token it never saw, a write at the hub and a commit."""
     repo, data = dataset
     port = int(hub.url.rsplit(":", 1)[1])
     with WanProxy("127.0.0.1", port) as hub_a, WanProxy("127.0.0.1", port) as hub_b:
@@ -237,15 +237,18 @@ def test_the_hub_list_of_a_spoke(hub, dataset, tmp_path):
         with start_spoke(hubs, tmp_path / "cache", "256MiB", token=hub.token, lease=1.0) as spoke:
             plane = spoke.plane()
             assert plane.read(repo, "main", "big.bin", 0, PIECE) == data[:PIECE]
-            assert hub_a.bytes_down > PIECE and hub_b.bytes_down < PIECE  # a is the first of the list
-            hub_a.cut()
+            # Both are equally near: the spoke uses A, the first of the list, unless a probe of A
+            # came out slower than the tie margin on a loaded machine. Cut whichever it uses.
+            used, other = (hub_a, hub_b) if hub_a.bytes_down >= hub_b.bytes_down else (hub_b, hub_a)
+            assert used.bytes_down > PIECE and other.bytes_down < PIECE
+            used.cut()
             assert plane.read(repo, "main", "big.bin") == data
             reader = hub.plane().create_token(unique_name("reader"), roles={repo: "read"})["token"]
             assert spoke.plane(reader).read(repo, "main", "big.bin", PIECE, 10) == data[PIECE : PIECE + 10]
             plane.put_object(repo, "main", "via-b.txt", io.BytesIO(b"written while hub A is away"), durability="hub")
             plane.commit(repo, "main", "through hub B")
             assert hub.plane().read(repo, "main", "via-b.txt") == b"written while hub A is away"
-            assert hub_b.bytes_down > SIZE // 2
+            assert other.bytes_down > SIZE // 2
             wait_for(lambda: spoke.healthz().get("hub_stream_live"), timeout=20)
 
 
