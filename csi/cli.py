@@ -29,8 +29,8 @@ commit-interval=SECONDS, commit-on-unmount. Tokens come from the CSI secrets
 Each published volume is served by its own `fabric mount` process in a session
 of its own, recorded under --state-dir: a restarted driver adopts its mounts.
 With --mounter-socket the mount processes belong to `fabric csi mounter` (a
-second container in Kubernetes), so restarting the driver's container leaves
-pods' volumes mounted.
+DaemonSet of its own in Kubernetes), so restarting or upgrading the driver
+leaves pods' volumes mounted.
 """
 
 

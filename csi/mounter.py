@@ -1,10 +1,12 @@
 """The mounter: a long-lived process that owns a node's mount processes.
 
 In Kubernetes, restarting or upgrading a container kills every process it
-started. So the node plugin can hand mounting to ``fabric csi mounter``, a second
-container of its pod that is rarely upgraded: the mount processes are the
-mounter's children, and restarting the driver container leaves pods' volumes
-mounted. The driver talks to it over a unix socket (mode 0600), one JSON request
+started. So the node plugin can hand mounting to ``fabric csi mounter``, which
+runs as a DaemonSet of its own that is replaced only on a drained node
+(``deploy/kubernetes/base/csi/mounter.yaml``): the mount processes are the
+mounter's children, and restarting or upgrading the driver leaves pods' volumes
+mounted. Both pods share the host's PID namespace, so the driver sees whether a
+mount process is alive. The driver talks to it over a unix socket (mode 0600), one JSON request
 per connection; both read the publication records in the shared state directory.
 """
 
