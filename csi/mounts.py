@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from csi.volumes import MountOptions, Volume
+from fabric.util.processes import process_alive
 
 log = logging.getLogger("fabric.csi")
 
@@ -90,22 +91,6 @@ def mounted_paths() -> set[str]:
 
 def is_mounted(path: str) -> bool:
     return os.path.normpath(path) in mounted_paths()
-
-
-def process_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not serving anything
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class Mounts:

@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict
 
 from fabric.errors import BadRequest, FabricError
+from fabric.util.processes import process_alive
 from fuse.config import MountConfig
 from fuse.fs import FabricFS
 from fuse.libfuse import FabricFUSE
@@ -307,9 +308,9 @@ def unmount(mountpoint: str, lazy: bool = False, timeout: float = 120.0) -> None
     pid = (state or {}).get("pid")
     if pid:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and process_alive(pid):
             time.sleep(0.05)
-        if _alive(pid):
+        if process_alive(pid):
             raise BadRequest(f"unmounted, but the mount process {pid} is still finishing after {timeout:.0f}s (see its log)")
     try:
         os.unlink(state_path(mp))
@@ -324,25 +325,6 @@ def _stale(mp: str) -> bool:
     except OSError as exc:
         return exc.errno == errno.ENOTCONN
     return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours counts as gone
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        pass
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def setup_logging(log_file: str | None, level: str) -> None:

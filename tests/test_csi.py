@@ -22,6 +22,7 @@ from csi.mounts import Mounts, is_mounted
 from csi.proto import pb
 from fabric.errors import NotFound
 from fabric.format.model import SYMLINK, Entry
+from fabric.util.processes import process_alive
 from tests.csi_driver import CsiDriver
 from tests.fuse_helpers import needs_fuse
 
@@ -313,13 +314,11 @@ def test_unpublish_cleans_up_after_the_mount_process_died(hub, repo, driver, tmp
     pub = Mounts(driver.state).get(target)
     os.kill(pub.pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.listdir(target)
-        except OSError as exc:
-            assert exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)  # what pods see of a dead FUSE server
-            break
-        time.sleep(0.1)
+    while process_alive(pub.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(OSError) as info:  # what the pod sees: "Transport endpoint is not connected"
+        os.listdir(target)
+    assert info.value.errno in (errno.ENOTCONN, errno.ECONNABORTED), info.value
     stats = driver.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(volume_id="vol", volume_path=target), timeout=60)
     assert stats.volume_condition.abnormal and "not running" in stats.volume_condition.message
     unpublish(driver, "vol", target)
