@@ -324,3 +324,23 @@ def test_unpublish_cleans_up_after_the_mount_process_died(hub, repo, driver, tmp
     unpublish(driver, "vol", target)
     assert not is_mounted(target) and not is_mounted(pub.private)
     assert not os.path.exists(target) and Mounts(driver.state).all() == []
+
+
+@pytest.mark.parametrize("policy", ["retain", "delete"])
+def test_on_delete_of_a_claims_directory(hub, repo, driver, policy):
+    params = claim_parameters(hub, f"{repo}@main", subDir="${pvc.metadata.name}", onDelete=policy)
+    create = pb.CreateVolumeRequest(name="pvc-0004", volume_capabilities=[capability()], parameters=params, secrets={"token": hub.token})
+    volume = driver.controller.CreateVolume(create, timeout=60).volume
+    plane = hub.plane()
+    plane.put_object(repo, "main", "claim-a/weights.bin", io.BytesIO(b"w" * 1000))
+    driver.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id, secrets={"token": hub.token}), timeout=60)
+    if policy == "retain":
+        assert plane.read(repo, "main", "claim-a/weights.bin") == b"w" * 1000
+    else:
+        for path in ("claim-a/weights.bin", "claim-a"):
+            with pytest.raises(NotFound):
+                plane.stat(repo, "main", path)
+    assert plane.read(repo, "main", "data/a.txt") == b"alpha\n"
+    assert not [t for t in plane.list_tags(repo) if t["name"].startswith("archive-")]
+    # The name is free again: a new claim of that name is a new volume.
+    assert driver.controller.CreateVolume(create, timeout=60).volume.volume_id == volume.volume_id
