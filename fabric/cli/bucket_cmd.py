@@ -7,7 +7,6 @@ import time
 import click
 
 from fabric.cli.context import Ctx, handle_errors, pass_ctx
-from fabric.engine.refs import split_repo_ref
 
 
 @click.group("bucket")
@@ -29,6 +28,8 @@ def bucket() -> None:
 @handle_errors
 def create(ctx: Ctx, name: str, target: str) -> None:
     """Create bucket NAME serving branch or tag REF of REPO with plain keys."""
+    from fabric.engine.refs import split_repo_ref
+
     repo, ref = split_repo_ref(target)
     if not ref:
         raise click.UsageError(f"give the branch or tag to bind: {target}@main, for example")

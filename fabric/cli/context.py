@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import wraps
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fabric.errors import FabricError
-from fabric.plane.dataplane import DataPlane
-from fabric.util.progress import TqdmProgress
+
+if TYPE_CHECKING:  # the plane and its client are imported when a command first uses them (cheap start-up)
+    from fabric.plane.dataplane import DataPlane
+    from fabric.util.progress import TqdmProgress
 
 DEFAULT_DATA = os.path.join(".fabric", "hub")
 
@@ -51,11 +52,15 @@ class Ctx:
         return self.plane
 
     def progress(self) -> TqdmProgress:
+        from fabric.util.progress import TqdmProgress
+
         return TqdmProgress(False if self.quiet else None)
 
     def emit(self, data: Any, human: Callable[[Any], str] | str | None = None) -> None:
         """Print ``data`` as JSON with --json, else its human rendering."""
         if self.json:
+            import json
+
             click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
         elif human is not None:
             text = human(data) if callable(human) else human
@@ -90,6 +95,8 @@ def handle_errors(fn: Callable) -> Callable:
         except FabricError as exc:
             ctx = click.get_current_context().find_object(Ctx)
             if ctx is not None and ctx.json:
+                import json
+
                 click.echo(json.dumps({"error": exc.to_dict()}, indent=2), err=True)
             else:
                 click.echo(f"error: {exc.message}", err=True)

@@ -6,11 +6,22 @@ mount``, ``fabric wan-proxy``...) are declared as entry points of the group
 ``fabric.commands`` in ``pyproject.toml`` and loaded only when used, so the
 core library never imports a service and a short command does not pay for
 importing every service.
+
+Start-up is kept cheap: importing this module (and every ``*_cmd.py``) loads
+only what parsing and ``--help`` need (click and a few small fabric modules).
+httpx, the engine, the client, the compressors and hashes are imported inside
+the command functions when they run; the version is a constant
+(``fabric.__version__``), not looked up in the package metadata; the entry
+points, whose lookup (``importlib.metadata``) alone costs tens of
+milliseconds, are read only when a service command is invoked, and ``fabric
+--help`` lists the service commands from :data:`SERVICE_COMMANDS`.
+``tests/test_cli_startup.py`` fails when a heavy module is imported at start
+again.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+import sys
 
 import click
 
@@ -35,20 +46,53 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 COMMAND_GROUP = "fabric.commands"
 
 
+#: The short help of each command that the service packages declare in
+#: pyproject.toml's ``fabric.commands`` group (the first sentence of its
+#: help), so that ``fabric --help`` lists them without reading the entry points
+#: or importing the services. tests/test_cli_startup.py keeps it equal to the
+#: entry points and to each command's own help.
+SERVICE_COMMANDS = {
+    "csi": "Run the Kubernetes CSI driver for fabric volumes (driver name csi.fabric.dev).",
+    "hub": "Run a hub: the authoritative, versioned store that spokes and clients talk to.",
+    "mount": "Mount REPO@REF from the hub or spoke at SERVER_URL on MOUNTPOINT.",
+    "spoke": "Run a spoke: the hub's API next to the GPUs, served from a local cache.",
+    "umount": "Unmount a fabric mount and wait until its process has finished (staged writes, unmount commit).",
+    "wan-proxy": "Forward TCP from --listen to --target through an emulated WAN link, until Ctrl-C.",
+}
+
+
+def service_command(name: str) -> click.Command | None:
+    """The command ``name`` of the ``fabric.commands`` entry points, loaded (imports its service); None if none."""
+    from importlib.metadata import entry_points  # tens of ms: only when a service command runs
+
+    for ep in entry_points(group=COMMAND_GROUP, name=name):
+        return ep.load()
+    return None
+
+
 class FabricGroup(click.Group):
     """The core commands plus those of the installed service packages, loaded on demand."""
 
-    def _service_commands(self) -> dict:
-        return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
-
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(self._service_commands()))
+        return sorted(set(super().list_commands(ctx)) | set(SERVICE_COMMANDS))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         command = super().get_command(ctx, name)
-        if command is None and (ep := self._service_commands().get(name)) is not None:
-            command = ep.load()
+        if command is None:
+            command = service_command(name)
         return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The list of ``fabric --help``; service commands from :data:`SERVICE_COMMANDS`, not loaded."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.commands.get(name) or click.Command(name, help=SERVICE_COMMANDS[name])
+            if not command.hidden:
+                rows.append((name, command))
+        if rows:
+            limit = formatter.width - 6 - max(len(name) for name, _ in rows)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, command.get_short_help_str(limit)) for name, command in rows])
 
 
 @click.group(cls=FabricGroup, context_settings=CONTEXT)
@@ -101,6 +145,11 @@ for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, checkpoint_cmd, ma
 
 
 def main() -> None:
+    # httpx imports its own command line (httpx._main: rich and pygments, ~40 ms) whenever
+    # they are installed (dev and test environments), though fabric never uses it; a None
+    # entry makes that import fail, as it does where they are not installed, and httpx
+    # falls back to a stub. Only in the `fabric` process, never when fabric is a library.
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     cli(prog_name="fabric")
 
 

@@ -9,10 +9,11 @@ import click
 
 from fabric.cli.context import Ctx, handle_errors, human_size, pass_ctx
 from fabric.cli.transfer_cmd import repo_branch
-from fabric.engine.refs import split_repo_ref
 
 
 def repo_ref(ctx: Ctx, spec: str) -> tuple[str, str]:
+    from fabric.engine.refs import split_repo_ref
+
     repo, ref = split_repo_ref(spec)
     return repo, ref or ctx.plane.get_repo(repo)["default_branch"]
 

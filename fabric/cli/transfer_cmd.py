@@ -5,12 +5,12 @@ from __future__ import annotations
 import click
 
 from fabric.cli.context import Ctx, handle_errors, human_size, pass_ctx
-from fabric.client.transfer import export_tree, import_directory
-from fabric.engine.refs import split_repo_ref
 from fabric.errors import BadRequest
 
 
 def repo_branch(spec: str) -> tuple[str, str]:
+    from fabric.engine.refs import split_repo_ref
+
     repo, branch = split_repo_ref(spec)
     if branch is None:
         raise BadRequest(f"give a branch: {spec}@BRANCH")
@@ -33,6 +33,8 @@ def import_(ctx: Ctx, src: str, target: str, message: str, prefix: str, no_delet
     Only chunks the store lacks are stored; files whose size, mode and mtime
     match the branch are not read again. Prints the new commit id.
     """
+    from fabric.client.transfer import import_directory
+
     repo, branch = repo_branch(target)
     result = import_directory(
         ctx.plane, src, repo, branch, message, prefix=prefix, delete=not no_delete, rehash=rehash,
@@ -70,6 +72,9 @@ def export(ctx: Ctx, source: str, dest: str, prefix: str) -> None:
     `a` and `a/b` coexist) is shadowed by the directory: it is skipped with a
     warning and listed under "shadowed" in --json output.
     """
+    from fabric.client.transfer import export_tree
+    from fabric.engine.refs import split_repo_ref
+
     repo, ref = split_repo_ref(source, None)
     if ref is None:
         ref = ctx.plane.get_repo(repo)["default_branch"]

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
-import httpx
 
 from fabric.cli.context import handle_errors
+
+if TYPE_CHECKING:
+    import subprocess
 
 BASE = ".fabric"
 
@@ -30,6 +30,8 @@ def _service_commands(base: str, host: str) -> list[tuple[str, str, list[str]]]:
 
 def _require_free(url: str) -> None:
     """Refuse to start where something already listens (its health check would fool us)."""
+    import socket
+
     host, port = url.split("://", 1)[1].rsplit(":", 1)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         if s.connect_ex((host, int(port))) == 0:
@@ -37,6 +39,8 @@ def _require_free(url: str) -> None:
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    import httpx
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -59,6 +63,9 @@ def up(base: str, host: str) -> None:
 
     Prints the URLs and the admin token to use with --server/--token.
     """
+    import signal
+    import subprocess  # here, not at the top: `fabric --version` and the other commands do not need them
+
     procs: list[subprocess.Popen] = []
 
     def stop(*_: object) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import click
-import httpx
 
 from fabric.cli.context import Ctx, handle_errors, pass_ctx
 from fabric.errors import Unavailable
@@ -13,6 +12,8 @@ from fabric.errors import Unavailable
 
 def _call(ctx: Ctx, method: str, path: str) -> Any:
     """One call of the spoke's ``/api/v1/writeback`` routes; its JSON answer."""
+    import httpx
+
     from fabric.client.http import raise_for_error
 
     plane = ctx.remote()

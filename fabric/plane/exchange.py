@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from fabric.format.ingest import ChunkSink
+if TYPE_CHECKING:  # not at run time: a client that only lists (`fabric repo list`) need not load the chunker and hashes
+    from fabric.format.ingest import ChunkSink
 
 
 class ChunkExchange(abc.ABC):
