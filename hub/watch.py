@@ -35,13 +35,20 @@ from fabric.auth.principal import Principal
 from fabric.catalog import Catalog
 from fabric.errors import Forbidden, Unauthorized
 
+from .spokes import SpokeRegistry
+
 POLL_SECONDS = 0.1
 HEARTBEAT_SECONDS = 5.0
 #: How often an open stream checks its caller's token again.
 REAUTH_SECONDS = 2.0
 
 
-def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> APIRouter:
+#: A watcher may name itself (a spoke: its URL or host name) for the console's spokes page.
+SPOKE_HEADER = "X-Fabric-Spoke"
+
+
+def watch_router(catalog: Catalog, authenticate: Callable[..., Principal], registry: SpokeRegistry | None = None) -> APIRouter:
+    """``registry``: where each stream's progress is recorded (the console's spokes page)."""
     router = APIRouter(prefix="/api/v1", tags=["watch"])
     Caller = Annotated[Principal, Depends(authenticate)]
 
@@ -74,6 +81,21 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> AP
                 seq = await anyio.to_thread.run_sync(catalog.last_event_seq)
                 yield _line({"type": "heartbeat", "seq": seq})
             last_sent = time.monotonic()
+            record = None
+            if registry is not None and not once:
+                client = request.client
+                record = registry.opened(
+                    who.token_id, who.name, f"{client.host}:{client.port}" if client else "?",
+                    (request.headers.get(SPOKE_HEADER) or "")[:200] or None, seq,
+                )  # fmt: skip
+            try:
+                async for line in _stream(seq, caller, checked, last_sent, record):
+                    yield line
+            finally:
+                if record is not None:
+                    registry.closed(record)
+
+        async def _stream(seq: int, caller: Principal, checked: float, last_sent: float, record) -> AsyncIterator[bytes]:  # noqa: ANN001
             while True:
                 if time.monotonic() - checked > REAUTH_SECONDS:
                     try:
@@ -92,11 +114,17 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal]) -> AP
                     if caller.can(r, "read"):
                         yield _line({"seq": s, "repo": r, "kind": kind, "name": name, "old": old, "new": new, "time": when})
                         last_sent = time.monotonic()
+                        if record is not None:
+                            record.sent(s)
+                if record is not None and events:
+                    record.seq = max(record.seq, seq)
                 if once:
                     return
                 if time.monotonic() - last_sent > HEARTBEAT_SECONDS:
                     yield _line({"type": "heartbeat", "seq": seq})
                     last_sent = time.monotonic()
+                    if record is not None:
+                        record.sent(seq)
                 if not events:
                     await anyio.sleep(POLL_SECONDS)
 

@@ -6,12 +6,13 @@
 #   postgresql             PostgreSQL catalog tests (only if no initdb anywhere)
 #   procps                 ps/pkill used by tests and scripts
 #   prometheus systemd     promtool and systemd-analyze check deploy/ (tests/test_deploy.py)
+#   chromium               the headless browser of the web console's tests (tests/test_console.py, playwright)
 #   python3-venv           only if `python3 -m venv` cannot work (Debian splits it out)
 #
 # As root with apt-get: installs what is missing (one `apt-get update`, skipped
 # when nothing is missing). Otherwise: prints what is missing and exits 0.
 # Idempotent; takes well under a second when everything is present.
-# A failure to install fuse3, postgresql, procps, prometheus, systemd or python3-venv is an error;
+# A failure to install fuse3, postgresql, procps, prometheus, systemd, chromium or python3-venv is an error;
 # the benchmark peers (restic, rsync) and libfuse3-dev only warn; rclone is a test peer (S3).
 set -euo pipefail
 
@@ -60,6 +61,7 @@ check rclone       'command -v rclone'
 check procps       'command -v ps && command -v pkill'
 check prometheus   'command -v promtool'
 check systemd      'command -v systemd-analyze'
+check chromium     'command -v chromium'
 have_initdb || missing+=(postgresql)
 have_venv || missing+=(python3-venv)
 # kubectl (it renders deploy/'s kustomize overlays) is not in Debian: it must come with the machine.

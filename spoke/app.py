@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from fabric.api.auth_http import token_authenticator
+from fabric.api.console import ConsoleSource
 from fabric.api.service import service_app
 from fabric.plane.dataplane import DataPlane
 
@@ -23,6 +24,12 @@ def create_app(plane: SpokePlane, auth: SpokeAuth | None, served: DataPlane | No
     its hub (``plane.upstream_metrics``) and each job's reads (``fabric_spoke_job_*``)."""
     rest_plane = served or plane
     authenticate = token_authenticator(auth.authenticate if auth else None)
+
+    def health() -> dict:
+        """The console's health page: the stats, the watch stream's position and the ref lease."""
+        return {**plane.stats(), "watch_seq": plane.tracker.seq, "watch_lease_seconds": plane.tracker.lease}
+
+    console = ConsoleSource(verify_token=auth.authenticate if auth else None, sample=plane.stats, health=health)
     app = service_app(
         "spoke",
         "A fabric spoke: the hub's REST API v1, served from a regional cache.",
@@ -32,6 +39,7 @@ def create_app(plane: SpokePlane, auth: SpokeAuth | None, served: DataPlane | No
         plane.stats,
         lambda: {"hub_stream_live": plane.tracker.live(), "hub_reachable": plane.breaker.state()["reachable"]},
         collectors=[plane.upstream_metrics, JobMetrics(plane.fetcher.jobs)],
+        console=console,
     )
     app.include_router(writeback_router(plane.writeback, authenticate))
     app.include_router(replica_router(plane, authenticate))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -164,6 +165,8 @@ class SpokePlane(DataPlane):
         self.breaker = CircuitBreaker()
         transport = BreakerTransport(self.breaker, CountingTransport(self.traffic, httpx.HTTPTransport(retries=1)))
         hub = HttpPlane(hub_url, token, hub_timeouts, transport)
+        # How the hub's console names this spoke (hub/watch.py, SPOKE_HEADER).
+        hub.http.headers["X-Fabric-Spoke"] = advertise or socket.gethostname()
         self.upstream = MetricsPlane(hub, self.upstream_metrics, UPSTREAM_METRICS)
         os.makedirs(cache_dir, exist_ok=True)
         self.writeback = open_writeback(cache_dir, upload_hold)

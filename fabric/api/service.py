@@ -9,6 +9,7 @@ from prometheus_client import Gauge
 from prometheus_client.registry import Collector
 
 from fabric import __version__
+from fabric.api.console import ConsoleSource, install_console
 from fabric.api.errors import install_error_handlers
 from fabric.api.jobs import JobMiddleware
 from fabric.api.metrics import Metrics, MetricsMiddleware
@@ -25,6 +26,7 @@ def service_app(
     gauge_values: Callable[[], Mapping[str, object]],
     health: Callable[[], dict],
     collectors: Sequence[Collector] = (),
+    console: ConsoleSource | None = None,
 ) -> FastAPI:
     """A service's ASGI app; callers add their own routers before serving it.
 
@@ -34,7 +36,7 @@ def service_app(
     ``gauge_values`` feeds the ``gauge_name`` gauge (numeric values only) on each
     scrape; ``health`` adds fields to ``/healthz`` (and raises when unhealthy);
     ``collectors`` (e.g. a registry of the service's own metrics) are served on
-    ``/metrics`` too.
+    ``/metrics`` too. ``console``: serve the web console at ``/ui`` (:mod:`fabric.api.console`).
     """
     app = FastAPI(title=f"fabric {role}", version=__version__, description=description)
     install_error_handlers(app)
@@ -58,6 +60,25 @@ def service_app(
     def metrics_endpoint():  # noqa: ANN202 - a plain-text Response
         return metrics.response(collect)
 
+    if console is not None:
+        install_console(app, role, get_plane, console, lambda: http_totals(metrics))
+
     app.add_middleware(JobMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+def http_totals(metrics: Metrics) -> dict[str, float]:
+    """Requests served (all, and 5xx) and body bytes in and out, since the process started."""
+    out = {"http_requests": 0.0, "http_errors": 0.0, "http_bytes_in": 0.0, "http_bytes_out": 0.0}
+    for family in metrics.requests.collect():
+        for s in family.samples:
+            if s.name.endswith("_total"):
+                out["http_requests"] += s.value
+                if s.labels.get("status", "").startswith("5"):
+                    out["http_errors"] += s.value
+    for family in metrics.bytes.collect():
+        for s in family.samples:
+            if s.name.endswith("_total"):
+                out["http_bytes_" + s.labels.get("direction", "in")] += s.value
+    return out
