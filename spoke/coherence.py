@@ -265,16 +265,43 @@ class BranchStaging:
             yield path, self.items[path]
 
 
+@dataclass
+class UnknownStaging:
+    """The staging area of a branch this spoke has no snapshot of while the hub is away (say,
+    just after a restart): every lookup is Unavailable, never "nothing staged", so a path
+    staged at the hub is not read as absent (or as its committed version). Queued local
+    writes, which an :class:`OverlayStaging` puts on top, are still served."""
+
+    head: str
+    why: str
+
+    def entry(self, path: str) -> tuple[bool, bytes | None]:
+        raise Unavailable(self.why)
+
+    def between(self, start: str, end: str | None) -> Iterator[tuple[str, bytes | None]]:
+        raise Unavailable(self.why)
+
+
 class StagingCache:
     """Per-branch staging snapshots, refreshed incrementally when the hub says they changed."""
 
-    def __init__(self, upstream: HttpPlane, tracker: RefTracker, traffic: Traffic) -> None:
+    def __init__(self, upstream: HttpPlane, tracker: RefTracker, traffic: Traffic, state: SpokeState) -> None:
         self.upstream = upstream
         self.tracker = tracker
         self.traffic = traffic
+        self.state = state
         self._lock = threading.Lock()
         self._snaps: dict[tuple[str, str], BranchStaging] = {}
         self._invalidations: dict[tuple[str, str], int] = {}
+
+    def _recorded(self, repo: str, branch: str) -> BranchStaging | None:
+        """The snapshot in memory, else the one recorded before a restart (refreshed before use
+        while the hub answers). Called with the lock held."""
+        snap = self._snaps.get((repo, branch))
+        if snap is None and (rec := self.state.staging(repo, branch)) is not None:
+            head, seq, items = rec
+            snap = self._snaps[(repo, branch)] = BranchStaging(head, seq, items, -1e18, self.tracker.generation(repo, branch))
+        return snap
 
     def invalidate(self, repo: str, branch: str) -> None:
         with self._lock:
@@ -289,21 +316,27 @@ class StagingCache:
         added to it, sparing the next read a round trip; otherwise the snapshot is refreshed
         on the next read. Either way a fetch already under way is not trusted."""
         key = (repo, branch)
+        rows = {p: e.encode() if e is not None else None for p, e in changes.items()}
         with self._lock:
             self._invalidations[key] = self._invalidations.get(key, 0) + 1
-            snap = self._snaps.get(key)
+            snap = self._recorded(repo, branch)
             if snap is None:
                 return
             if seq is not None and snap.fetched > 0 and snap.seq == seq - 1:
-                snap.add({p: e.encode() if e is not None else None for p, e in changes.items()}, seq)
+                snap.add(rows, seq)
             else:
+                # Whatever else is staged, these are: kept (and recorded) until the refresh, so a
+                # restart while the hub is away does not lose sight of writes that left the queue.
+                snap.add(rows, snap.seq)
                 snap.fetched = -1e18
+            head, recorded_seq = snap.head, snap.seq
+        self.state.save_staging(repo, branch, head, recorded_seq, rows, replace=False)
 
-    def get(self, repo: str, branch: str, head: str) -> tuple[BranchStaging, bool]:
-        """``(snapshot, stale)`` of the staging area; the snapshot's ``head`` may be newer than ``head``."""
-        key = (repo, branch)
+    def get(self, repo: str, branch: str, head: str) -> tuple[BranchStaging | UnknownStaging, bool]:
+        """``(snapshot, stale)`` of the staging area; the snapshot's ``head`` may be newer than ``head``.
+        With the hub away, the last snapshot (stale), or :class:`UnknownStaging` if there is none."""
         with self._lock:
-            snap = self._snaps.get(key)
+            snap = self._recorded(repo, branch)
         now = time.monotonic()
         live = self.tracker.live()
         same = snap is not None and snap.head == head and snap.generation == self.tracker.generation(repo, branch)
@@ -315,10 +348,11 @@ class StagingCache:
                 return snap, False
         try:
             snap = self._fetch(repo, branch, snap if (same and live) else None)
-        except Unavailable:
+        except Unavailable as exc:
             if snap is not None:
                 return snap, True
-            return BranchStaging(head, 0, {}, now), True
+            why = f"the changes staged on {repo}@{branch} are not known here while the hub is away ({exc.message})"
+            return UnknownStaging(head, why), True
         return snap, False
 
     def _fetch(self, repo: str, branch: str, base: BranchStaging | None) -> BranchStaging:
@@ -337,7 +371,12 @@ class StagingCache:
         items.update(rows)
         snap = BranchStaging(head, seq, items, time.monotonic(), generation)
         with self._lock:
-            if self._invalidations.get((repo, branch), 0) != invalidations:
-                snap.fetched = -1e18  # invalidated while it was being fetched: may predate that write
-            self._snaps[(repo, branch)] = snap
+            current = self._invalidations.get((repo, branch), 0) == invalidations
+            if current:
+                self._snaps[(repo, branch)] = snap
+            else:  # invalidated while it was being fetched: it may predate a write that landed
+                snap.fetched = -1e18
+                self._snaps.setdefault((repo, branch), snap)  # the older one holds that write
+        if current:  # an older record plus this spoke's landed writes beats a snapshot that may predate them
+            self.state.save_staging(repo, branch, head, seq, dict(rows) if base is not None else items, replace=base is None)
         return snap

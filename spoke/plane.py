@@ -209,7 +209,7 @@ class SpokePlane(DataPlane):
         )
         self.state = SpokeState(cache_dir)
         self.tracker = RefTracker(self.upstream, self.traffic, self.state, lease)
-        self.staging = StagingCache(self.upstream, self.tracker, self.traffic)
+        self.staging = StagingCache(self.upstream, self.tracker, self.traffic, self.state)
         self.ownership = ChunkOwnership(lambda repo, ids: self.upstream.missing_chunks(ids, HUB, repo=repo))
         self.durability = durability
         self._answers = Remembered(ANSWER_TTL)

@@ -1,5 +1,6 @@
 """What a spoke remembers across restarts besides cached blobs: refs it has seen,
-which commits belong to which repository, and callers' token verdicts.
+which commits belong to which repository, the last snapshot of each branch's staging
+area it read, and callers' token verdicts.
 
 All of it is a cache of the hub's answers. It lets a spoke that restarts while
 the hub is away keep serving what it served before (marked stale), and keep
@@ -16,7 +17,9 @@ from fabric.util.sqlite import SharedConnection
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS refs (repo TEXT, kind TEXT, name TEXT, commit_id TEXT, PRIMARY KEY (repo, kind, name));
 CREATE TABLE IF NOT EXISTS commits (repo TEXT, commit_id TEXT, PRIMARY KEY (repo, commit_id));
-CREATE TABLE IF NOT EXISTS tokens (token_hash TEXT PRIMARY KEY, principal TEXT)
+CREATE TABLE IF NOT EXISTS tokens (token_hash TEXT PRIMARY KEY, principal TEXT);
+CREATE TABLE IF NOT EXISTS staging_heads (repo TEXT, branch TEXT, head TEXT, seq INTEGER, PRIMARY KEY (repo, branch));
+CREATE TABLE IF NOT EXISTS staging_rows (repo TEXT, branch TEXT, path TEXT, entry BLOB, PRIMARY KEY (repo, branch, path))
 """
 
 
@@ -32,8 +35,8 @@ class SpokeState:
             self._db.execute("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (repo, kind, name, commit))
 
     def forget_repo(self, repo: str) -> None:
-        self._db.execute("DELETE FROM refs WHERE repo = ?", (repo,))
-        self._db.execute("DELETE FROM commits WHERE repo = ?", (repo,))
+        for table in ("refs", "commits", "staging_heads", "staging_rows"):
+            self._db.execute(f"DELETE FROM {table} WHERE repo = ?", (repo,))
 
     def refs(self) -> list[tuple[str, str, str, str]]:
         return self._db.execute("SELECT repo, kind, name, commit_id FROM refs")
@@ -44,6 +47,23 @@ class SpokeState:
 
     def has_commit(self, repo: str, commit: str) -> bool:
         return bool(self._db.execute("SELECT 1 FROM commits WHERE repo = ? AND commit_id = ?", (repo, commit)))
+
+    # -- staging snapshots ---------------------------------------------------
+    def save_staging(self, repo: str, branch: str, head: str, seq: int, rows: dict[str, bytes | None], replace: bool) -> None:
+        """Record a branch's staging snapshot: ``rows`` on top of the recorded one, or instead of it."""
+        with self._db.transaction() as cur:
+            if replace:
+                cur.execute("DELETE FROM staging_rows WHERE repo = ? AND branch = ?", (repo, branch))
+            cur.execute("INSERT OR REPLACE INTO staging_heads VALUES (?, ?, ?, ?)", (repo, branch, head, seq))
+            cur.executemany("INSERT OR REPLACE INTO staging_rows VALUES (?, ?, ?, ?)", [(repo, branch, p, e) for p, e in rows.items()])
+
+    def staging(self, repo: str, branch: str) -> tuple[str, int, dict[str, bytes | None]] | None:
+        """``(head, seq, rows)`` of the last recorded snapshot of a branch's staging area."""
+        heads = self._db.execute("SELECT head, seq FROM staging_heads WHERE repo = ? AND branch = ?", (repo, branch))
+        if not heads:
+            return None
+        rows = self._db.execute("SELECT path, entry FROM staging_rows WHERE repo = ? AND branch = ?", (repo, branch))
+        return heads[0][0], heads[0][1], {p: e for p, e in rows}
 
     # -- token verdicts ------------------------------------------------------
     def save_token(self, token_hash: str, principal: dict | None) -> None:

@@ -87,6 +87,8 @@ class _Link:
         self.tokens = self.burst
         self.stamp: float | None = None
         self.bytes = 0
+        # A stall (WanProxy.stall): nothing read before this loop time is delivered before it.
+        self.held_until = 0.0
         if rate_bps:
             self.chunk = int(min(MAX_CHUNK, max(1460, rate_bps * 0.002)))
         else:
@@ -197,7 +199,7 @@ class _Pipe:
     def on_data(self, data: bytes) -> None:
         now = self.loop.time()
         wait = self.link.reserve(len(data), now)
-        at = max(now + wait, self.not_before) + self.link.delay
+        at = max(max(now + wait, self.not_before) + self.link.delay, self.link.held_until)
         at = self.last_at = max(at, self.last_at)
         self.queue.append((at, data))
         self.queued += len(data)
@@ -210,7 +212,7 @@ class _Pipe:
     def on_eof(self) -> None:
         self.eof_read = True
         now = self.loop.time()
-        at = self.last_at = max(max(now, self.not_before) + self.link.delay, self.last_at)
+        at = self.last_at = max(max(now, self.not_before) + self.link.delay, self.last_at, self.link.held_until)
         self.queue.append((at, None))
         self.conn.update_reading()
         self._schedule()
@@ -501,6 +503,38 @@ class WanProxy:
     @property
     def is_cut(self) -> bool:
         return self._cut
+
+    def shape(self, delay_ms_up: float, delay_ms_down: float, rate_mbit: float | None) -> None:
+        """Change the link while it carries traffic (a route that got slower, or faster again).
+
+        Bytes already in a delay line keep the time they were given; bytes read from now on get
+        the new delay and rate. Connections stay open."""
+        if delay_ms_up < 0 or delay_ms_down < 0 or (rate_mbit is not None and rate_mbit <= 0):
+            raise ValueError("delays must be >= 0 and rate_mbit > 0 (or None)")
+
+        async def apply() -> None:
+            rate = rate_mbit * MBIT if rate_mbit else None
+            for link, delay in ((self._up, delay_ms_up), (self._down, delay_ms_down)):
+                link.delay = delay / 1000.0
+                link.rate = rate
+                link.burst = max(65536.0, rate * 0.01) if rate else 0.0
+                link.tokens = min(link.tokens, link.burst)
+            self.delay_ms_up, self.delay_ms_down, self.rate_mbit = float(delay_ms_up), float(delay_ms_down), rate_mbit
+
+        self._call(apply)
+
+    def stall(self, seconds: float) -> None:
+        """A packet-level stall: for ``seconds`` no byte crosses the link in either direction,
+        but no connection is reset or refused (a black-holed route that comes back). What is
+        read meanwhile is delivered when the stall ends, in order."""
+
+        async def apply() -> None:
+            assert self._loop is not None
+            until = self._loop.time() + max(0.0, seconds)
+            for link in (self._up, self._down):
+                link.held_until = max(link.held_until, until)
+
+        self._call(apply)
 
     # -- information ----------------------------------------------------------
     @property

@@ -258,7 +258,7 @@ def test_a_staging_snapshot_moves_a_ref_the_stream_has_not_moved_yet(hub: Hub, t
     tracker = RefTracker(HttpPlane(hub.url, hub.token), Traffic(), SpokeState(str(tmp_path)), lease=600)
     tracker._apply(events[0])  # so far the stream has delivered the creation only
     assert tracker.ref(repo, "branch", "main") == (created, False) and created != first
-    snap, _ = StagingCache(tracker.upstream, tracker, Traffic()).get(repo, "main", created)
+    snap, _ = StagingCache(tracker.upstream, tracker, Traffic(), tracker.state).get(repo, "main", created)
     assert snap.head == first
     assert tracker.ref(repo, "branch", "main") == (first, False)
     for event in events:  # the rest arrives late, or is replayed: the head stays

@@ -21,7 +21,8 @@ from typing import Any
 from fabric.api.body import take
 from fabric.api.s3 import sigv4
 from fabric.api.s3 import xml as X
-from fabric.api.s3.errors import S3Error
+from fabric.api.s3.errors import S3Error, from_fabric
+from fabric.errors import FabricError
 
 log = logging.getLogger("fabric.s3")
 access_log = logging.getLogger("fabric.s3.access")
@@ -179,6 +180,10 @@ class AsgiTransport:
                 resp = await loop.run_in_executor(self.pool, self.handle, req, rid, body, op)
         except S3Error as err:
             resp = self._error(err, path, rid, method)
+        except FabricError as exc:
+            # An engine error no handler translated (e.g. the hub away while a spoke resolves a
+            # bucket): it has an S3 answer (503 ServiceUnavailable, ...), not InternalError.
+            resp = self._error(from_fabric(exc), path, rid, method)
         except Exception:
             log.exception("S3 request %s %s failed", method, path)
             resp = self._error(S3Error("InternalError", "We encountered an internal error. Please try again.", 500), path, rid, method)

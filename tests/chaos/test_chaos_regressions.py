@@ -1,0 +1,123 @@
+"""Defects the chaos soak found, each kept as a small deterministic test (the seed that found
+it is named; `scripts/chaos_soak.py --seed N` replays that schedule)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from fabric.util.net import free_port
+from tests.fuse_helpers import needs_fuse
+from tests.hubserver import start_hub, unique_name
+from tests.s3_helpers import _wait_s3
+from tests.spokeserver import start_restartable_hub, start_spoke, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def status_of(call) -> int:
+    from botocore.exceptions import ClientError
+
+    try:
+        call()
+        return 200
+    except ClientError as exc:
+        return exc.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def test_spoke_s3_answers_503_not_500_while_the_hub_is_away(tmp_path) -> None:
+    """Seed 1 (90 s run): S3 PUT/GET/DELETE at a spoke answered 500 InternalError whenever the
+    hub was cut off, hung or killed: the gateway asks the hub whether the bucket name is a
+    bound bucket, the spoke raised Unavailable, and the S3 transport turned every fabric
+    error no handler had translated into InternalError. Now it answers as the handlers do
+    (503 ServiceUnavailable, which S3 clients retry)."""
+    import boto3
+    from botocore.config import Config as BotoConfig
+
+    with start_restartable_hub(tmp_path / "hub") as hub:
+        repo = unique_name("s3away")
+        hub.plane().create_repo(repo)
+        creds = hub.plane().create_token("s3user", roles={repo: "write"})
+        s3_port = free_port()
+        with start_spoke(hub.url, tmp_path / "cache", "128MiB", token=hub.token, durability="local", lease=1.0,
+                         args=["--s3-listen", f"127.0.0.1:{s3_port}", "--hub-timeout", "3"]) as spoke:
+            url = f"http://127.0.0.1:{s3_port}"
+            _wait_s3(url, hub)
+            s3 = boto3.client("s3", endpoint_url=url, aws_access_key_id=creds["s3_access_key_id"],
+                              aws_secret_access_key=creds["s3_secret_access_key"], region_name="us-east-1",
+                              config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+            s3.put_object(Bucket=repo, Key="main/a", Body=b"before")
+            hub.kill()
+            time.sleep(3)  # past the gateway's own bucket cache
+            calls = {
+                "put": lambda: s3.put_object(Bucket=repo, Key="main/b", Body=b"while the hub is away"),
+                "get": lambda: s3.get_object(Bucket=repo, Key="main/a"),
+                "delete": lambda: s3.delete_object(Bucket=repo, Key="main/a"),
+            }
+            for name, call in calls.items():
+                assert status_of(call) in (200, 503), name
+            hub.start()
+            assert spoke.alive()
+
+
+@needs_fuse
+def test_a_restarted_spoke_never_reads_a_path_staged_at_the_hub_as_absent(tmp_path) -> None:
+    """Seed 7 (10 min run): a --rw mount read its own fsynced file as absent. Replayed: the
+    file had landed at the hub (staged there, not committed, so no longer in the spoke's
+    queue); the hub hung (SIGSTOP) and the spoke restarted; it had kept the branch's head
+    but not its staging area, took that as empty, and the file vanished until the hub came
+    back. Now the spoke records each branch's staging snapshot with its own landed writes
+    (spoke/state.py) and serves it, stale, after a restart; a branch it never read is
+    Unavailable rather than empty."""
+    from tests.chaos.deploy import Mount
+
+    def read(root: int, name: str) -> bytes | str:
+        try:
+            fd = os.open(name, os.O_RDONLY, dir_fd=root)
+            try:
+                return os.read(fd, 100)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return os.strerror(exc.errno or 0)
+
+    def write(root: int, name: str, data: bytes) -> None:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=root)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    with start_hub(tmp_path / "hub") as hub:
+        repo = unique_name("staged")
+        hub.plane().create_repo(repo)
+        with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token, durability="local") as spoke:
+            mount = Mount("rw", spoke.url, f"{repo}@main", str(tmp_path / "mnt"), hub.token, ["--rw", "--server-timeout", "60"])
+            mount.start()
+            root = mount.open_root()[1]
+            try:
+                write(root, "landed.txt", b"at the hub")
+                wait_for(lambda: "landed.txt" in {p for p, _ in hub.plane().walk(repo, "main")}, timeout=30)
+                os.kill(hub.proc.pid, signal.SIGSTOP)
+                try:
+                    write(root, "queued.txt", b"at the spoke")
+                    spoke.restart(kill=True)
+                    result: dict[str, bytes | str] = {}
+                    reader = threading.Thread(target=lambda: result.setdefault("landed", read(root, "landed.txt")))
+                    reader.start()
+                    reader.join(30)  # served from the recorded snapshot (before: absent after the 10 s hub timeout)
+                    assert not reader.is_alive() and result["landed"] == b"at the hub"
+                    assert read(root, "queued.txt") == b"at the spoke"
+                    assert sorted(os.listdir(root)) == ["landed.txt", "queued.txt"]
+                finally:
+                    os.kill(hub.proc.pid, signal.SIGCONT)
+                assert read(root, "landed.txt") == b"at the hub"
+                assert read(root, "queued.txt") == b"at the spoke"
+            finally:
+                os.close(root)
+                mount.stop()
