@@ -31,6 +31,7 @@ from csi.volumes import ON_DELETE, Volume, check_server, check_subdir, expand, p
 from fabric.client.http import HttpPlane
 from fabric.errors import BadRequest, Conflict, NotFound
 from fabric.format.model import DIR, Entry
+from fabric.util.jsonfile import write_json
 
 log = logging.getLogger("fabric.csi")
 
@@ -72,10 +73,7 @@ class Controller(services.ControllerServicer):
             return None
 
     def _record(self, name: str, record: dict) -> None:
-        path = self._record_path(name)
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f)
-        os.replace(path + ".tmp", path)
+        write_json(self._record_path(name), record)
 
     # -- RPCs ---------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from csi.volumes import MountOptions, Volume
+from fabric.util.jsonfile import write_json
 from fabric.util.processes import process_alive
 
 log = logging.getLogger("fabric.csi")
@@ -109,32 +110,26 @@ class Mounts:
     def _record_path(self, target: str) -> str:
         return os.path.join(self.state_dir, "publications", self._key(target) + ".json")
 
-    def get(self, target: str) -> Publication | None:
+    @staticmethod
+    def _load(path: str) -> Publication | None:
         try:
-            with open(self._record_path(target)) as f:
+            with open(path) as f:
                 d = json.load(f)
             return Publication(PublishRequest.from_json(d["request"]), d["private"], int(d["pid"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def get(self, target: str) -> Publication | None:
+        return self._load(self._record_path(target))
+
     def all(self) -> list[Publication]:
-        out = []
         folder = os.path.join(self.state_dir, "publications")
-        for name in sorted(os.listdir(folder)):
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                with open(os.path.join(folder, name)) as f:
-                    d = json.load(f)
-                out.append(Publication(PublishRequest.from_json(d["request"]), d["private"], int(d["pid"])))
-        return out
+        loaded = (self._load(os.path.join(folder, name)) for name in sorted(os.listdir(folder)) if name.endswith(".json"))
+        return [pub for pub in loaded if pub is not None]
 
     def _save(self, pub: Publication) -> None:
-        path = self._record_path(pub.target)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"request": pub.request.to_json(), "private": pub.private, "pid": pub.pid}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        record = {"request": pub.request.to_json(), "private": pub.private, "pid": pub.pid}
+        write_json(self._record_path(pub.target), record, durable=True)
 
     def problem(self, pub: Publication) -> str | None:
         """Why a publication does not serve its pod (None: it does)."""

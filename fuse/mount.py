@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict
 
 from fabric.errors import BadRequest, FabricError
+from fabric.util.jsonfile import write_json
 from fabric.util.processes import process_alive
 from fuse.config import MountConfig
 from fuse.fs import FabricFS
@@ -220,10 +221,7 @@ def write_stats(mountpoint: str, fs: FabricFS) -> None:
         "unstaged_files": sum(1 for w in list(fs.state.files.values()) if w.dirty),
         "streamed_writes": fs.state.streams.snapshot() if fs.state.streams is not None else None,
     }
-    tmp = stats_path(mountpoint) + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, stats_path(mountpoint))
+    write_json(stats_path(mountpoint), data)
 
 
 def read_stats(mountpoint: str) -> dict:

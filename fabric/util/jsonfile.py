@@ -1,0 +1,18 @@
+"""Small JSON files replaced whole: a reader sees the old content or the new, never half."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def write_json(path: str, value: Any, durable: bool = False) -> None:
+    """Write ``value`` to ``path`` through a temporary file and a rename; ``durable``: fsync first."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
