@@ -46,6 +46,15 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
     "merges, uploads). Defaults: connect 5, read 10, write 60, pool 10, slow 300.",
 )
 @click.option(
+    "--memory-cache",
+    default="64MiB",
+    show_default=True,
+    metavar="SIZE",
+    help="Chunks already verified and decompressed kept in memory, in front of the disk cache: a warm read of them "
+    "neither reads the disk nor checks a checksum again. Copies read from the disk cache are always checked (so a "
+    "bad disk is caught on the first read after a restart or an eviction from memory). 0 turns it off.",
+)
+@click.option(
     "--hint-window",
     metavar="SIZE",
     help="The most bytes fetched ahead of a job that sent a loader hint (POST /api/v1/repos/REPO/hints), counted from "
@@ -133,6 +142,7 @@ def spoke(
     lease: float,
     durability: str,
     hub_timeouts: Timeouts,
+    memory_cache: str,
     hint_window: str | None,
     prefetch_share: float,
     prefetch_window: str | None,
@@ -188,6 +198,7 @@ def spoke(
         lease=lease,
         durability=durability,
         hub_timeouts=hub_timeouts,
+        memory_cache=parse_size(memory_cache),
         hint_window=parse_size(hint_window) if hint_window is not None else None,
         prefetch_share=prefetch_share,
         prefetch_window=parse_size(prefetch_window) if prefetch_window is not None else None,

@@ -1,7 +1,10 @@
 """The fetch scheduler: every chunk a spoke lacks comes through here.
 
-- Reads look in the cache first; misses become requests in one priority
-  queue (demand > hint > readahead > background).
+- Reads look in memory first (a bounded LRU of chunks already verified and
+  decoded, so a warm read neither reads the disk nor hashes again), then in the
+  disk cache (whose copy is checksummed on every read: what guards against a
+  bad disk); misses become requests in one priority queue (demand > hint >
+  readahead > background).
 - Workers take the most urgent pending ids, up to a batch, and fetch them in
   one ``/chunks/frames`` request; frames stream back and each is verified
   (checksum and id) before it is cached and handed out.
@@ -29,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 
 from fabric.cache.disk import DiskCache
+from fabric.cache.lru import BytesLRU
 from fabric.errors import Corruption, FabricError, NotFound
 from fabric.format import frames
 
@@ -48,6 +52,9 @@ FetchFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes]]]
 #: ``ids -> (id, frame, raw)``: ``raw``, the frame's bytes already verified, when another
 #: spoke of the group sent it (and keeps a copy); None when it came from the hub.
 GroupFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes, bytes | None]]]
+#: Bytes of verified, decoded chunks a scheduler keeps in memory by default (as the hub's
+#: chunk store does): warm reads of a working set this size skip the disk and the checksum.
+MEMORY_CACHE = 64 << 20
 #: Told ``(job, ids)`` before a demand read of ``ids`` for ``job``.
 DemandListener = Callable[[str, Sequence[bytes]], None]
 
@@ -62,13 +69,16 @@ class FetchScheduler:
         batch_ids: int = 128,
         background_workers: int = 1,
         group_frames: GroupFrames | None = None,
+        memory: int = MEMORY_CACHE,
     ) -> None:
-        """``background_workers``: how many workers may fetch BACKGROUND batches at once (at
+        """``memory``: bytes of decoded chunks kept in memory in front of ``cache``.
+        ``background_workers``: how many workers may fetch BACKGROUND batches at once (at
         least one); the others stay free for more urgent reads. ``group_frames``: how a
         batch is fetched in a spoke group, instead of ``fetch_frames`` (see the module's docstring)."""
         self._fetch = fetch_frames
         self._group_frames = group_frames
         self.cache = cache
+        self.memory = BytesLRU(memory, max_item=memory // 4)
         self.traffic = traffic
         self.batch_ids = batch_ids
         self.background_workers = max(1, background_workers)
@@ -109,32 +119,47 @@ class FetchScheduler:
         waits: list[tuple[bytes, Future]] = []
         hit = 0
         for cid in dict.fromkeys(ids):
-            corruptions = self.cache.corruptions
-            frame = self.cache.get(cid)
-            if frame is None and self.cache.corruptions != corruptions:
-                self.refetched += 1  # the cached copy failed its checksum (and was dropped): fetched again below
-            if frame is not None:
-                try:
-                    # The id was verified when the frame was fetched; the cache checks its
-                    # checksum on every read, so a hit needs no second hash of the content.
-                    out[cid] = frames.decode(frame)
-                    self.hit_bytes += len(out[cid])
-                    hit += len(out[cid])
-                    self.prefetch_stats.demanded(cid, len(out[cid]), job, True)
-                    continue
-                except Corruption:
-                    self.cache.drop_corrupt(cid)
-                    self.refetched += 1
+            raw = self._cached(cid)
+            if raw is not None:
+                out[cid] = raw
+                self.hit_bytes += len(raw)
+                hit += len(raw)
+                self.prefetch_stats.demanded(cid, len(raw), job, True)
+                continue
             waits.append((cid, self._request(cid, priority)))
         started = time.monotonic()
         for cid, fut in waits:
             out[cid] = fut.result()
+            self.memory.put(cid, out[cid])
             self.miss_bytes += len(out[cid])
             self.prefetch_stats.demanded(cid, len(out[cid]), job, False)
         if job is not None:
             wait = time.monotonic() - started if waits else 0.0
             self.jobs.demand(job, sum(len(v) for v in out.values()), hit, wait)
         return [out[cid] for cid in ids]
+
+    def _cached(self, cid: bytes) -> bytes | None:
+        """The chunk's bytes from memory or the disk cache, or ``None`` (a damaged disk copy is dropped)."""
+        raw = self.memory.get(cid)
+        if raw is not None:
+            self.cache.touch(cid)
+            return raw
+        corruptions = self.cache.corruptions
+        frame = self.cache.get(cid)
+        if frame is None:
+            if self.cache.corruptions != corruptions:
+                self.refetched += 1  # the cached copy failed its checksum (and was dropped)
+            return None
+        try:
+            # The id was verified when the frame was fetched; the cache checks its
+            # checksum on every read, so a hit needs no second hash of the content.
+            raw = frames.decode(frame)
+        except Corruption:
+            self.cache.drop_corrupt(cid)
+            self.refetched += 1
+            return None
+        self.memory.put(cid, raw)
+        return raw
 
     def prefetch(self, ids: Sequence[bytes], priority: int = READAHEAD, job: str | None = None, kind: str = "readahead") -> None:
         """Queue chunks for fetching without waiting for them; ``job`` and ``kind`` (one of

@@ -40,7 +40,7 @@ from fabric.plane.reads import check_hint
 from fabric.util.progress import Progress
 
 from .coherence import RefTracker, StagingCache
-from .fetch import READAHEAD, SERVE_WINDOW, FetchScheduler
+from .fetch import MEMORY_CACHE, READAHEAD, SERVE_WINDOW, FetchScheduler
 from .hints import Lookahead, default_window
 from .jobs import current_job
 from .learned import PREFETCH_SHARE, LearnedPrefetch
@@ -120,6 +120,7 @@ class SpokePlane(DataPlane):
         fetch_workers: int = 4,
         upload_hold: float = UPLOAD_HOLD,
         hub_timeouts: Timeouts = HUB_TIMEOUTS,
+        memory_cache: int = MEMORY_CACHE,
         hint_window: int | None = None,
         prefetch_share: float = PREFETCH_SHARE,
         prefetch_window: int | None = None,
@@ -133,6 +134,8 @@ class SpokePlane(DataPlane):
         """``group``: join this spoke group at the hub; ``peers``: a fixed group of these
         spokes instead; either needs ``advertise``, the URL the other members reach this
         spoke at. Chunks are then fetched from their owner in the group (:mod:`spoke.peers`).
+        ``memory_cache``: bytes of verified, decoded chunks kept in memory in front of the
+        disk cache (:class:`spoke.fetch.FetchScheduler`).
         ``hint_window``: the most bytes fetched ahead of a hinting job's read position
         (default :func:`spoke.hints.default_window` of the chunk cache's budget).
         ``prefetch_share``: the share of the fetch workers learned (background) prefetch may
@@ -195,6 +198,7 @@ class SpokePlane(DataPlane):
         self.fetcher = FetchScheduler(
             self.upstream.frames, self.chunk_cache, self.traffic, fetch_workers, background_workers=int(prefetch_share * fetch_workers),
             group_frames=self.group.fetch if self.group is not None else None,  # from the owners; prefetch fills their caches
+            memory=memory_cache,
         )
         self.reader = Reader(self.meta, self.trees, self.fetcher.read)
         window = default_window(self.chunk_cache.budget) if hint_window is None else hint_window

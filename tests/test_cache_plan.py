@@ -88,6 +88,21 @@ def test_a_read_consumes_its_place_and_releases_the_blob(tmp_path) -> None:
     assert sum(key(i) in cache for i in range(10)) <= 2
 
 
+def test_a_read_served_from_memory_consumes_its_place_as_a_get_does(tmp_path) -> None:
+    """The spoke keeps verified chunks in memory in front of the cache and then only touches it."""
+    cache = DiskCache(str(tmp_path / "c"), BUDGET)
+    cache.plan([key(i) for i in range(20)], "job")
+    for i in range(20):
+        cache.put(key(i), blob(i))
+    hits = cache.hits
+    for i in range(10):
+        cache.touch(key(i))
+    assert cache.stats()["cache_planned_bytes"] == 10 * SIZE
+    assert cache.hits == hits + 10
+    cache.touch(key("never cached"))  # no file, no hit, nothing breaks
+    assert cache.hits == hits + 10
+
+
 def test_skipped_places_are_released_but_a_stray_read_far_ahead_is_not_a_skip(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(plans, "PLAN_SKIP", 5)
     cache = DiskCache(str(tmp_path / "c"), BUDGET)

@@ -99,13 +99,14 @@ def upstream(hub: Hub, traffic: Traffic) -> Iterator[HttpPlane]:
 
 
 def scheduler(
-    tmp_path, fetch, traffic: Traffic, workers: int = 4, budget: int = 256 * MiB
+    tmp_path, fetch, traffic: Traffic, workers: int = 4, budget: int = 256 * MiB, memory: int = 64 * MiB
 ) -> FetchScheduler:
     return FetchScheduler(
         fetch,
         DiskCache(str(tmp_path / "chunks"), budget, lambda _id, frame: frames.verify_checksum(frame)),
         traffic,
         workers,
+        memory=memory,
     )
 
 
@@ -220,6 +221,50 @@ def test_demand_reads_overtake_queued_background_fetches(
         # The request that carried the demand ids is counted as demand traffic.
         assert snap.get("upstream_bytes_received_demand", 0) >= sum(len(frames.encode(raw[c])) for c in demand)
         assert snap.get("upstream_bytes_received_prefetch", 0) > 0
+    finally:
+        f.stop()
+
+
+def _flip_cached_file(cache: DiskCache, cid: bytes) -> None:
+    path = cache._path(cid)
+    with open(path, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 0xFF]))
+
+
+def test_warm_reads_come_from_memory_without_reading_or_hashing_the_disk_copy(
+    tmp_path, dataset, upstream, traffic
+) -> None:
+    raw, order = dataset
+    rec = Recorder(upstream)
+    f = scheduler(tmp_path, rec, traffic)
+    try:
+        ids = order[:10]
+        assert f.read(ids) == [raw[c] for c in ids]
+        for cid in ids:
+            _flip_cached_file(f.cache, cid)  # a disk copy read again would now fail its checksum
+        hits = f.cache.hits
+        assert f.read(ids) == [raw[c] for c in ids]
+        assert f.cache.corruptions == 0 and f.refetched == 0, "a warm read went to the disk copy"
+        assert f.cache.hits == hits + len(ids), "memory hits count as the cache's hits"
+    finally:
+        f.stop()
+
+
+def test_a_damaged_disk_copy_outside_memory_is_fetched_again(tmp_path, dataset, upstream, traffic) -> None:
+    raw, order = dataset
+    rec = Recorder(upstream)
+    f = scheduler(tmp_path, rec, traffic, memory=0)  # nothing kept in memory: every hit reads the disk
+    try:
+        cid = order[3]
+        assert f.read([cid]) == [raw[cid]]
+        _flip_cached_file(f.cache, cid)
+        calls = len(rec.calls)
+        assert f.read([cid]) == [raw[cid]]
+        assert f.cache.corruptions == 1 and f.refetched == 1
+        assert len(rec.calls) == calls + 1, "the damaged copy was fetched again from the hub"
     finally:
         f.stop()
 

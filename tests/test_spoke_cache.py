@@ -154,8 +154,10 @@ def corrupt_spoke(
     repo = unique_name("corrupt")
     commit = upload(hub, repo, files)
     chunks = commit_chunks(hub.plane(), repo, commit)
+    # Nothing kept in memory: every read goes to the disk copies these tests damage (with
+    # memory on, a damaged copy is met on the first read after a restart, see below).
     with start_spoke(
-        hub.url, tmp_path_factory.mktemp("corrupt") / "cache", "256MiB", token=hub.token
+        hub.url, tmp_path_factory.mktemp("corrupt") / "cache", "256MiB", token=hub.token, args=["--memory-cache", "0"]
     ) as spoke:
         yield spoke, repo, commit, files, chunks
 
@@ -263,6 +265,30 @@ def test_corrupt_metadata_in_the_cache_is_refetched_not_an_error(corrupt_setup) 
     for path, data in files.items():
         assert b"".join(plane.read_stream(repo, commit, path)) == data
     assert spoke.stats()["cache_corruptions"] >= 1
+
+
+def test_warm_reads_skip_the_disk_copy_and_a_damaged_one_is_caught_after_a_restart(hub: Hub, tmp_path) -> None:
+    """With the default memory cache a warm read never rereads or rehashes the chunk file;
+    what guards the disk copy is the checksum on every read of it: the first after a restart."""
+    files = {"w.bin": random_bytes(2 * MiB, 4200)}
+    repo = unique_name("warm")
+    commit = upload(hub, repo, files)
+    victims = commit_chunks(hub.plane(), repo, commit)["w.bin"][:3]
+    with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token) as spoke:
+        plane = spoke.plane()
+        assert b"".join(plane.read_stream(repo, commit, "w.bin")) == files["w.bin"]
+        for cid in victims:
+            flip(chunk_file(spoke, cid))
+        s0 = spoke.stats()
+        assert b"".join(plane.read_stream(repo, commit, "w.bin")) == files["w.bin"]
+        s1 = spoke.stats()
+        assert s1["cache_corruptions"] == s0["cache_corruptions"], "a warm read went to the disk copy"
+        assert s1["cache_hit_bytes"] - s0["cache_hit_bytes"] == len(files["w.bin"])
+        spoke.restart(kill=True)
+        plane = spoke.plane()
+        assert b"".join(plane.read_stream(repo, commit, "w.bin")) == files["w.bin"]
+        s2 = spoke.stats()
+        assert s2["cache_corruptions"] == len(victims) and s2["cache_refetched"] == len(victims)
 
 
 def test_frames_evicted_before_they_are_sent_are_still_served(hub: Hub, tmp_path) -> None:

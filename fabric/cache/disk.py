@@ -113,6 +113,12 @@ class DiskCache:
         h = key.hex()
         return os.path.join(self.root, h[:2], h)
 
+    def file(self, key: bytes) -> str:
+        """The file that holds ``key`` when cached (for a caller that reads it its own way,
+        then reports the read with :meth:`touch` or the damage with :meth:`drop_corrupt`;
+        it may be gone by the time it is opened)."""
+        return self._path(key)
+
     def _reindex(self, pinned: set[bytes]) -> None:
         """Index the blobs already on disk; ``pinned`` ones stay pinned, the rest join main."""
         found = []
@@ -187,17 +193,33 @@ class DiskCache:
             self._forget(key, unlink=True, miss=True, corrupt=True)
             return None
         with self._lock:
-            self.hits += 1
-            self._clock += item.size
-            item.last = self._clock
-            if key in self._window:
-                del self._window[key]
-                self._window_bytes -= item.size
-                self._main[key] = item
-                self._main_bytes += item.size
-            elif key in self._main:
-                self._main.move_to_end(key)
+            self._hit(key, item)
         return data
+
+    def touch(self, key: bytes) -> None:
+        """Count a read of ``key`` served from a copy held in front of this cache (a
+        memory cache of verified blobs): like :meth:`get` it consumes the key's place in
+        the plans, counts a hit and refreshes the blob's recency, but reads no file. A key
+        this cache lacks only consumes its plans' places."""
+        with self._lock:
+            if self._plans:
+                self._release(self._plans.consume(key), key)
+            item = self._window.get(key) or self._main.get(key) or self._pinned.get(key) or self._held.get(key)
+            if item is not None:
+                self._hit(key, item)
+
+    def _hit(self, key: bytes, item: _Item) -> None:
+        """Under the lock: a read of ``item``; a blob in the window moves to main."""
+        self.hits += 1
+        self._clock += item.size
+        item.last = self._clock
+        if key in self._window:
+            del self._window[key]
+            self._window_bytes -= item.size
+            self._main[key] = item
+            self._main_bytes += item.size
+        elif key in self._main:
+            self._main.move_to_end(key)
 
     # -- plans ---------------------------------------------------------------
     def plan(self, ordered_ids: Sequence[bytes], name: str = "") -> int:
