@@ -44,14 +44,17 @@ class Proc:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=hub_env(self.env), cwd=ROOT)
         self.paused = False
+        # The fd baseline is taken 5 s after the process answers, not after it was forked (a
+        # process still importing on a busy machine has 3 fds, which would make the bound tiny).
+        self.started_at = float("inf")
         self.incarnation += 1
-        self.started_at = time.monotonic()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode} while starting; log {self.log_path}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/healthz", timeout=2.0).status_code == 200:
+                    self.started_at = time.monotonic()
                     return
             time.sleep(0.1)
         self.kill()

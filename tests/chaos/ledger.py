@@ -63,11 +63,13 @@ class CommitRecord:
     snapshot: dict[str, set[str]] = field(default_factory=dict)  # path -> allowed values at that commit
     tag: str | None = None
     tag_status: str = "none"
+    tag_t_done: float | None = None
 
 
 class Ledger:
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.t_start = time.monotonic()
         self.ops: list[Op] = []
         self.by_key: dict[tuple[str, str, str], list[Op]] = {}
         self.commits: list[CommitRecord] = []
@@ -79,6 +81,8 @@ class Ledger:
         self.undocumented: list[str] = []
         self.hangs: list[str] = []
         self.longest_stall = (0.0, "")
+        self.lag_max = 0.0  # the most a read passed only thanks to its lag trailed the write it missed
+        self.tag_unseen_max = 0.0  # the oldest tag (seconds since acknowledged) a spoke did not know yet
 
     # -- recording -------------------------------------------------------------------
     def begin(self, client: str, kind: str, key, value: str, durability: str, home: str) -> Op:
@@ -144,8 +148,10 @@ class Ledger:
                 late.add(op.value)
         return ok, late - ok
 
-    def check_read(self, what: str, key, t0: float, t1: float, got: str, strict: bool) -> bool:
-        """Record a read and check it; False when it is a violation."""
+    def check_read(self, what: str, key, t0: float, t1: float, got: str, strict: bool, lag: float = 0.0) -> bool:
+        """Record a read and check it; False when it is a violation. ``lag``: the read may be as
+        old as a strict read started that much earlier (a cache the documentation allows, e.g. a
+        mount's kernel cache of names); reads that pass only thanks to it are counted."""
         with self.lock:
             self.reads[what.split(" ")[0]] += 1
         ok, late = self.allowed(key, t0, t1, strict)
@@ -155,14 +161,32 @@ class Ledger:
             with self.lock:
                 self.counts["late_unknown"] += 1
             return True
+        if lag and strict:
+            lagged, lagged_late = self.allowed(key, t0 - lag, t1, strict)
+            if got in lagged | lagged_late:
+                acked = [op.t_done for op in self.history(key) if op.status == "ok" and op.t_done is not None
+                         and op.t_done <= t0]
+                with self.lock:
+                    self.counts["lagged_reads"] += 1
+                    if acked:  # how long before the read began the write it did not see was acknowledged
+                        self.lag_max = max(self.lag_max, t0 - max(acked))
+                return True
         ever = {op.value for op in self.history(key)}
+        why = f"read {t0 - self.t_start:.2f}..{t1 - self.t_start:.2f}s; {self.story(key, t1)}"
         if got != ABSENT and got not in ever:
-            self.violation("wrong_reads", f"{what} {key}: bytes {got[:12]} were never written there")
+            self.violation("wrong_reads", f"{what} {key}: bytes {got[:12]} were never written there; {why}")
         elif strict:
-            self.violation("stale_reads", f"{what} {key}: got {got[:12]}, allowed {sorted(v[:12] for v in ok)}")
+            self.violation("stale_reads", f"{what} {key}: got {got[:12]}, allowed {sorted(v[:12] for v in ok)}; {why}")
         else:
-            self.violation("wrong_reads", f"{what} {key}: got {got[:12]} (a refused write's value?)")
+            self.violation("wrong_reads", f"{what} {key}: got {got[:12]} (a refused write's value?); {why}")
         return False
+
+    def story(self, key, until: float, last: int = 6) -> str:
+        """The last writes of ``key`` invoked before ``until``: id, kind, value, outcome, times (soak seconds)."""
+        hist = [op for op in self.history(key) if op.t_invoke < until][-last:]
+        return "history " + "; ".join(
+            f"#{op.id} {op.client} {op.kind} {op.value[:12]} {op.status} "
+            f"{op.t_invoke - self.t_start:.2f}..{(op.t_done or 0) - self.t_start:.2f}" for op in hist)
 
     def snapshot(self, branch: tuple[str, str], t0: float, t1: float) -> dict[str, set[str]]:
         """Allowed values of every path of ``branch`` for a commit invoked at t0 and done at t1."""

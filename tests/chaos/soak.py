@@ -63,6 +63,8 @@ class Sampler(threading.Thread):
                 continue
             try:
                 proc = psutil.Process(pid)
+                if proc.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped
+                    continue
                 rss, fds = proc.memory_info().rss, proc.num_fds()
             except (psutil.Error, OSError):
                 continue
@@ -204,7 +206,8 @@ class Soak:
             a, b = dep.spokes
             s, led = cfg.seed, self.ledger
             clients = [
-                RestCommitter("rc0", led, s * 100 + 1, stop_clients, dep.hub_url(), self.client_token, "rc0", "hub", "hub"),
+                RestCommitter("rc0", led, s * 100 + 1, stop_clients, [h.url for h in dep.hubs], self.client_token, "rc0",
+                              "hub", "hub"),
                 RestCommitter("rc1", led, s * 100 + 2, stop_clients, b.proc.url, self.client_token, "rc1", "local", "spoke-b"),
                 S3Client("s3", led, s * 100 + 3, stop_clients, a.s3_url, self.client_creds, "s3", "spoke-a"),
             ]
@@ -212,7 +215,8 @@ class Soak:
                 clients.append(MountWriter("mw", led, s * 100 + 4, stop_clients, dep.mounts["mount-rw"], "mw", "spoke-a"))
             reader_s3 = S3Client("s3-reader", led, s * 100 + 5, stop_clients, a.s3_url, self.client_creds, "s3", "spoke-a")
             clients.append(Reader("reader", led, s * 100 + 6, stop_clients,
-                                  {"hub": dep.hub_url(), "spoke-a": a.proc.url, "spoke-b": b.proc.url},
+                                  {"hub": dep.hub_url(), "spoke-a": a.proc.url, "spoke-b": b.proc.url}
+                                  | {f"hub-{i}": h.url for i, h in enumerate(dep.hubs) if i},
                                   self.client_token, reader_s3, dep.mounts.get("mount-ro"), "rc1", self.victim, corrupt))
             sampler = Sampler(dep, clients, led, stop_sampler)
             injector = Injector(dep, s, stop_faults, self.victim_locations, self.victim_chunks, corrupt, self.log,
@@ -406,6 +410,10 @@ class Soak:
             "history_violations": counts["history"],
             "conditional_violations": counts["conditional"],
             "late_unknown_writes_seen": counts["late_unknown"],
+            "mount_reads_within_name_cache_lag": counts["lagged_reads"],
+            "mount_name_cache_lag_max_s": round(led.lag_max, 2),
+            "tags_not_yet_seen": counts["tags_not_yet_seen"],
+            "tags_not_yet_seen_max_age_s": round(led.tag_unseen_max, 2),
             "undocumented_errors": len(led.undocumented),
             "hangs": len(led.hangs),
             "longest_stall_s": round(led.longest_stall[0], 2),
@@ -443,7 +451,11 @@ def table(report: dict) -> str:
              ("write outcomes", ", ".join(f"{k} {v}" for k, v in report["write_outcomes"].items())),
              ("reads checked", sum(report["reads_checked"].values())),
              ("lost writes", report["lost_writes"]), ("wrong reads", report["wrong_reads"]),
-             ("stale reads", report["stale_reads"]), ("history violations", report["history_violations"]),
+             ("stale reads", report["stale_reads"]),
+             ("ro-mount reads within its name cache lag",
+              f"{report['mount_reads_within_name_cache_lag']} (at most {report['mount_name_cache_lag_max_s']} s behind)"),
+             ("tags not yet seen at a spoke", f"{report['tags_not_yet_seen']} (at most {report['tags_not_yet_seen_max_age_s']} s after the tag)"),
+             ("history violations", report["history_violations"]),
              ("conditional violations", report["conditional_violations"]),
              ("undocumented errors", report["undocumented_errors"]), ("hangs", report["hangs"]),
              ("longest client stall", f"{report['longest_stall_s']} s ({report['longest_stall_op']})")]
@@ -454,6 +466,7 @@ def table(report: dict) -> str:
     lines = [f"{str(k):<{width}}  {v}" for k, v in rows]
     if report["problems"]:
         lines += ["", "problems:"] + [f"  {p}" for p in report["problems"][:40]]
+        lines += [f"  {v}" for v in report["violations"][:20]]
     return "\n".join(lines)
 
 

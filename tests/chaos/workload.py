@@ -27,6 +27,15 @@ REPO = "chaos"
 VICTIM = "chaos-victim"
 DOCUMENTED_STATUS = {502, 503, 504, 507}
 DOCUMENTED_ERRNO = {errno.EIO, errno.ENOTCONN, errno.ENOSPC, errno.ECONNABORTED}
+#: How old a read-only branch mount's view of a name may be: the kernel keeps a name's answer,
+#: absent too, for the mount's --attr-timeout (1 s, fuse/libfuse.py) after the lookup that got
+#: it, and that lookup may itself have waited on the spoke; 1 s + 2 s of margin.
+MOUNT_NAME_LAG = 3.0
+#: How long after its creation at the hub a tag may still be unknown at a spoke: a spoke answers
+#: "no such ref" without asking the hub while its watch stream is live (something heard within
+#: spoke.coherence.STREAM_SILENCE_LIMIT, 12 s), so an event still in flight (a stalled or slow
+#: link, a hub paused just after answering) is not seen for up to that long; plus margin.
+TAG_VISIBLE_S = 30.0
 HTTP_TIMEOUT = httpx.Timeout(connect=5.0, read=HANG_S, write=HANG_S, pool=5.0)
 
 
@@ -122,6 +131,22 @@ class Rest:
 
     def close(self) -> None:
         self.http.close()
+
+
+def place(where: str) -> str:
+    """The place a read was made at, as a write's durability names it: every hub process of one
+    catalog is "hub" (hub, hub-1)."""
+    return "hub" if where.startswith("hub") else where
+
+
+def unknown_ref(r: httpx.Response | None) -> bool:
+    """Whether a 404 says the ref (branch, tag or commit) is unknown, not the path absent."""
+    if r is None or r.status_code != 404:
+        return False
+    try:
+        return r.json()["error"]["message"].startswith("no branch, tag or commit")
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def read_value(r: httpx.Response) -> str | None:
@@ -370,9 +395,12 @@ class S3Client(Client):
 class RestCommitter(Client):
     kind = "rest"
 
-    def __init__(self, name, ledger, seed, stop, url: str, token: str, branch: str, durability: str, home: str) -> None:
+    def __init__(self, name, ledger, seed, stop, url: str | list[str], token: str, branch: str, durability: str,
+                 home: str) -> None:
+        """``url``: a list for several hub processes of one catalog; each step goes to one of them."""
         super().__init__(name, ledger, seed, stop)
-        self.rest = Rest(url, token)
+        self.rests = [Rest(u, token) for u in ([url] if isinstance(url, str) else url)]
+        self.rest = self.rests[0]
         self.branch, self.durability, self.home = branch, durability, home
         self.pace = (0.3, 0.8)
         self.pending: list[CommitRecord] = []
@@ -390,6 +418,8 @@ class RestCommitter(Client):
         return r
 
     def step(self) -> None:
+        if len(self.rests) > 1:
+            self.rest = self.rests[self.rng.randrange(len(self.rests))]
         for _ in range(self.rng.randint(1, 2)):
             path = f"p{self.rng.randrange(20)}"
             if self.rng.random() < 0.15:
@@ -429,6 +459,7 @@ class RestCommitter(Client):
         if rec.status == "ok" and self.rng.random() < 0.35:
             name = f"t-{self.branch}-{len(self.ledger.commits)}"
             r = self.call("tag", lambda: self.rest.http.post(f"/repos/{REPO}/tags", json={"name": name, "ref": rec.id}))
+            rec.tag_t_done = time.monotonic()
             if r is not None and r.status_code == 201:
                 rec.tag, rec.tag_status = name, "ok"
             else:
@@ -452,6 +483,8 @@ class Reader(Client):
         self.victim = victim or {}
         self.corrupt = corrupt or threading.Event()
         self.pace = (0.05, 0.2)
+        self.last: httpx.Response | None = None  # the last REST answer (for explanations)
+        self.last_s3 = ""
 
     def rest_read(self, where: str, repo: str, ref: str, path: str) -> tuple[str | None, float, float]:
         t0 = time.monotonic()
@@ -461,6 +494,7 @@ class Reader(Client):
             except httpx.HTTPError as exc:
                 self.http_error(exc)
                 return None, t0, time.monotonic()
+        self.last = r
         got = read_value(r)
         if got is None:
             self.http_error(r, corruption_ok=repo == VICTIM)
@@ -477,7 +511,7 @@ class Reader(Client):
             home = self.ledger.history(key)[0].home
             got, t0, t1 = self.rest_read(where, key[0], key[1], key[2])
             if got is not None:
-                self.ledger.check_read(f"rest-branch {where}", key, t0, t1, got, strict=where == home)
+                self.ledger.check_read(f"rest-branch {where}", key, t0, t1, got, strict=place(where) == home)
             self.ledger.ops_done["read-branch"] += 1
         elif r < 0.6:  # a path of an acknowledged commit, by id or by tag, through REST or S3
             with self.ledger.lock:
@@ -487,13 +521,30 @@ class Reader(Client):
             rec = self.rng.choice(done)
             path = self.rng.choice(sorted(rec.snapshot))
             ref = rec.tag if rec.tag and rec.tag_status == "ok" and self.rng.random() < 0.5 else rec.id
+            self.last, self.last_s3 = None, ""
+            t0 = time.monotonic()
+            tag_age = t0 - rec.tag_t_done if ref == rec.tag and rec.tag_t_done is not None else None
             if self.s3 is not None and self.rng.random() < 0.3:
+                # S3 answers NoSuchKey for a ref the spoke does not know yet as for an absent path:
+                # only tags old enough to be known everywhere are read through it.
+                if tag_age is not None and tag_age < TAG_VISIBLE_S:
+                    ref, tag_age = rec.id, None
                 got = self.s3_read(f"{ref}/{path}")
                 where = "s3"
             else:
                 got, _, _ = self.rest_read(where, REPO, ref, path)
-            if got is not None and got not in rec.snapshot[path]:
-                self.ledger.violation("wrong_reads", f"commit {rec.id} ({ref}) {path} at {where}: {got[:12]}")
+            if got == ABSENT and where != "s3" and unknown_ref(self.last):
+                # Not the path's absence: the ref is not known there (yet).
+                if tag_age is not None and place(where) != "hub" and tag_age < TAG_VISIBLE_S:
+                    with self.ledger.lock:
+                        self.ledger.counts["tags_not_yet_seen"] += 1
+                        self.ledger.tag_unseen_max = max(self.ledger.tag_unseen_max, tag_age)
+                else:
+                    self.ledger.violation("stale_reads", f"commit {rec.id}: ref {ref} unknown at {where}; "
+                                          + self.explain(rec, ref, path, where, t0))
+            elif got is not None and got not in rec.snapshot[path]:
+                self.ledger.violation("wrong_reads", f"commit {rec.id} ({ref}) {path} at {where}: {got[:12]}; "
+                                      + self.explain(rec, ref, path, where, t0))
             with self.ledger.lock:
                 self.ledger.reads["commit"] += 1
             self.ledger.ops_done["read-commit"] += 1
@@ -520,11 +571,37 @@ class Reader(Client):
                 if resp.status_code != 404:
                     self.http_error(resp)
                 return
-            known = {k[2] for k in keys if k[1] == branch}
+            # Names invoked while the listing ran are in it too: the ledger as of its end.
+            known = {k[2] for k in self.ledger.keys() if k[1] == branch}
             for e in resp.json()["entries"]:
                 if e["path"] not in known:
                     self.ledger.violation("wrong_reads", f"listing of {branch} at {where} shows {e['path']!r}")
             self.ledger.ops_done["list"] += 1
+
+    def explain(self, rec: CommitRecord, ref: str, path: str, where: str, t0: float) -> str:
+        """What the ledger knows of a commit read that failed its check, and what the places answer now."""
+        led, base = self.ledger, rec.t_invoke
+        r = self.last
+        parts = [f"soak time {t0 - led.t_start:.1f}s: read at +{t0 - base:.2f}s after the commit's invocation (commit done +{(rec.t_done or 0) - base:.2f}s,"
+                 f" tag {rec.tag} {rec.tag_status} done +{(rec.tag_t_done or base) - base:.2f}s)"]
+        if where == "s3":
+            parts.append(f"s3 answer {self.last_s3}")
+        elif r is not None:
+            parts.append(f"answer {r.status_code} commit={r.headers.get('X-Fabric-Commit')} "
+                         f"stale={r.headers.get('X-Fabric-Stale')} body={r.text[:160]!r}")
+        parts.append(f"allowed {sorted(v[:12] for v in rec.snapshot[path])}")
+        hist = led.history((REPO, rec.branch[1], path))
+        parts.append("history " + "; ".join(
+            f"#{op.id} {op.kind} {op.value[:12]} {op.status} +{op.t_invoke - base:.2f}..+{(op.t_done or 0) - base:.2f}"
+            for op in hist if op.t_invoke < (rec.t_done or base) + 5)[-900:])
+        for again, rest in (("hub", self.places["hub"]), (where, self.places.get(where))):
+            if rest is None:
+                continue
+            for name in dict.fromkeys((rec.id, ref)):
+                with contextlib.suppress(httpx.HTTPError):
+                    a = rest.get(REPO, name, path)
+                    parts.append(f"now {again}@{name[:16]}: {a.status_code} {(read_value(a) or '?')[:12]}")
+        return " | ".join(parts)
 
     def s3_read(self, key: str) -> str | None:
         from botocore.exceptions import ClientError
@@ -533,6 +610,7 @@ class Reader(Client):
             try:
                 return digest(self.s3.s3.get_object(Bucket=REPO, Key=key)["Body"].read())
             except ClientError as exc:
+                self.last_s3 = str(exc.response.get("Error"))[:200]
                 if exc.response.get("Error", {}).get("Code") == "NoSuchKey":
                     return ABSENT
                 self.s3.s3_error(exc)
@@ -559,5 +637,5 @@ class Reader(Client):
                 return
         if not m.up:  # killed meanwhile: what was read may be the bare directory's (nothing)
             return
-        self.ledger.check_read("mount-ro", key, t0, time.monotonic(), got, strict=home == "spoke-b")
+        self.ledger.check_read("mount-ro", key, t0, time.monotonic(), got, strict=home == "spoke-b", lag=MOUNT_NAME_LAG)
         self.ledger.ops_done["read-mount"] += 1
