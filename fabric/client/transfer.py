@@ -5,30 +5,21 @@ from __future__ import annotations
 import itertools
 import os
 import stat as stat_mod
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from fabric.client.destdir import DestDir
+from fabric.client.filereader import WORKERS, batches, ingest_files
 from fabric.client.hardlinks import local_groups, second_names, stored_group
 from fabric.errors import BadRequest, Corruption, NotFound
 from fabric.format.filetypes import kind_of_mode
-from fabric.format.ingest import Ingester, file_entry
 from fabric.format.links import names
 from fabric.format.model import BLOCKDEV, CHARDEV, DEFAULT_DIR_MODE, DIR, FILE, HOLE_ID, SPECIAL_KINDS, SYMLINK, Commit, Entry
 from fabric.format.namespace import visible
 from fabric.format.paths import check_path
 from fabric.plane.dataplane import DataPlane
 from fabric.util.progress import Progress
-
-WORKERS = min(8, (os.cpu_count() or 2) + 1)
-#: Files are read in batches of up to this many bytes or files per task, so small
-#: files share one question to the store about which chunks it lacks.
-BATCH_BYTES = 8 * 1024 * 1024
-BATCH_FILES = 512
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -50,9 +41,10 @@ class ImportResult:
         return d
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LocalItem:
-    """What the walk found at one path before any file is read."""
+    """What the walk found at one path before any file is read (slots: an import holds one
+    per local path until it commits)."""
 
     path: str
     abspath: str
@@ -111,19 +103,6 @@ def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Itera
                 yield LocalItem(rel, de.path, kind, 0, stat_mod.S_IMODE(st.st_mode), st.st_mtime_ns, rdev=rdev)
             elif skipped is not None:
                 skipped.append(rel)
-
-
-def _batches(items: list[T], size_of: Callable[[T], int]) -> Iterator[list[T]]:
-    batch: list[T] = []
-    size = 0
-    for item in items:
-        if batch and (size + size_of(item) > BATCH_BYTES or len(batch) >= BATCH_FILES):
-            yield batch
-            batch, size = [], 0
-        batch.append(item)
-        size += size_of(item)
-    if batch:
-        yield batch
 
 
 def same_file(a: Entry, b: Entry) -> bool:
@@ -194,33 +173,25 @@ def import_directory(
     if delete:
         for path in existing.keys() - local.keys():
             changes[path] = None
+    # Memory: from here on only the items of files to read are kept, and those only
+    # until they are read (the commit of 100,000 new files reuses the room).
+    del local
+    result.bytes_hashed = sum(i.size for i in to_hash)
 
-    progress.start(sum(i.size for i in to_hash), "B", "import")
+    progress.start(result.bytes_hashed, "B", "import")
     session = plane.chunk_sink(repo)
-
-    def ingest(batch: list[LocalItem]) -> list[tuple[str, Entry]]:
-        ingester = Ingester(session)
-        out = []
-        for item in batch:
-            with open(item.abspath, "rb", buffering=0) as f:
-                chunks, md5 = ingester.feed(_Counting(f, progress))
-            out.append((item.path, file_entry(chunks, md5, item.mode, item.mtime_ns)))
-        ingester.flush()
-        return out
-
-    with ThreadPoolExecutor(WORKERS) as pool:
-        for done in pool.map(ingest, _batches(sorted(to_hash, key=lambda i: i.path), lambda i: i.size)):
-            for path, entry in done:
-                old = existing.get(path)
-                if path in groups:
-                    changes.update(stored_group(groups[path], entry, existing))
-                    continue
-                if rehash and old is not None and same_file(old, entry) and not names(path, old):
-                    continue
-                changes[path] = entry
+    read = ingest_files(to_hash, session, progress)
+    del to_hash
+    for path, entry in read:
+        old = existing.get(path)
+        if path in groups:
+            changes.update(stored_group(groups[path], entry, existing))
+            continue
+        if rehash and old is not None and same_file(old, entry) and not names(path, old):
+            continue
+        changes[path] = entry
     session.close()
     progress.close()
-    result.bytes_hashed = sum(i.size for i in to_hash)
     result.new_chunks, result.new_bytes, result.stored_bytes = session.new_chunks, session.new_bytes, session.stored_bytes
     for path, entry in changes.items():
         if entry is None:
@@ -232,19 +203,6 @@ def import_directory(
     if changes:
         result.commit = plane.commit_changes(repo, branch, changes, message, author=author, expected_head=head)
     return result
-
-
-class _Counting:
-    """A file wrapper that reports bytes read to a progress bar."""
-
-    def __init__(self, f, progress: Progress) -> None:
-        self._f = f
-        self._progress = progress
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
-        self._progress.advance(len(data))
-        return data
 
 
 @dataclass
@@ -333,7 +291,7 @@ def export_tree(
                         pieces = _advancing(_file_pieces(plane, repo, commit, path, entry), progress)
                         out.write_file(dir_fd, local(path), pieces, entry.mode, entry.mtime_ns)
 
-        tasks = ((parent, batch) for parent, files in by_dir.items() for batch in _batches(files, lambda it: it[1].size))
+        tasks = ((parent, batch) for parent, files in by_dir.items() for batch in batches(files, lambda it: it[1].size))
         with ThreadPoolExecutor(WORKERS) as pool:
             for _ in pool.map(write, tasks):
                 pass

@@ -36,9 +36,11 @@ class ChunkStore:
         """The ids (in the given order, without repeats) that this store lacks; with
         ``owner``, also those it holds but not as chunks of that repository."""
         unique = list(dict.fromkeys(ids))
-        present = self.catalog.present_and_touch(unique, self.grace)
+        # Looked up in id order: each query of a batch then reads one run of the index's
+        # pages, not pages all over it (several times faster for 100,000 ids).
+        present = self.catalog.present_and_touch(sorted(unique), self.grace)
         if owner is not None:
-            present &= self.catalog.owned_chunks(owner, list(present))
+            present &= self.catalog.owned_chunks(owner, sorted(present))
         return [cid for cid in unique if cid not in present]
 
     def session(self, target_size: int = packs.TARGET_SIZE, owner: str | None = None) -> PackSession:
@@ -53,7 +55,7 @@ class ChunkStore:
         def missing_claiming_present(ids: Sequence[bytes]) -> list[bytes]:
             lacking = self.missing(ids)
             absent = set(lacking)
-            self.catalog.add_owned_chunks(owner, [cid for cid in ids if cid not in absent])
+            self.catalog.add_owned_chunks(owner, sorted(cid for cid in ids if cid not in absent))
             return lacking
 
         return PackSession(missing_claiming_present, lambda b: self.store_pack(b, owner), target_size)
@@ -62,11 +64,12 @@ class ChunkStore:
         data = builder.finish()
         pack_id = packs.new_pack_id()
         self.store.put(packs.pack_key(pack_id), data)
-        self.catalog.index_pack(
-            pack_id, len(data), builder.size, [(c.id, c.offset, c.length, c.raw_len) for c in builder.chunks]
-        )
+        size = len(data)
+        del data
+        rows = _index_rows(builder.chunks)
+        self.catalog.index_pack(pack_id, size, builder.size, rows)
         if owner is not None:
-            self.catalog.add_owned_chunks(owner, [c.id for c in builder.chunks])
+            self.catalog.add_owned_chunks(owner, [row[0] for row in rows])
 
     def receive_pack(self, data: bytes, owner: str | None = None) -> tuple[int, int]:
         """Verify a pack sent by a client and store it: ``(chunks, new chunks)``.
@@ -84,11 +87,9 @@ class ChunkStore:
             pack_id = packs.new_pack_id()
             self.store.put(packs.pack_key(pack_id), data)
             data_size = chunks[-1].offset + chunks[-1].length
-            self.catalog.index_pack(
-                pack_id, len(data), data_size, [(c.id, c.offset, c.length, c.raw_len) for c in chunks if c.id in new]
-            )
+            self.catalog.index_pack(pack_id, len(data), data_size, _index_rows(c for c in chunks if c.id in new))
         if owner is not None:  # after the chunks are indexed: objects before references
-            self.catalog.add_owned_chunks(owner, [c.id for c in chunks])
+            self.catalog.add_owned_chunks(owner, sorted(c.id for c in chunks))
         return len(chunks), len(new)
 
     # -- reading -------------------------------------------------------------
@@ -168,6 +169,12 @@ class ChunkStore:
                         yield cid, None
                     except Corruption as exc:
                         yield cid, exc.message
+
+
+def _index_rows(chunks: Iterable[packs.PackedChunk]) -> list[tuple[bytes, int, int, int]]:
+    """The catalog rows of a pack's chunks, in id order: inserted into the indexes in one
+    pass over their pages rather than at pages all over them."""
+    return sorted((c.id, c.offset, c.length, c.raw_len) for c in chunks)
 
 
 def _runs(items: list[tuple[bytes, ChunkLocation]]) -> Iterator[list[tuple[bytes, ChunkLocation]]]:

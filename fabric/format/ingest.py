@@ -63,6 +63,16 @@ class Ingester:
         self._chunk(stream, chunks, md5)
         return chunks, md5.hexdigest()
 
+    def feed_bytes(self, data: bytes) -> tuple[list[tuple[bytes, int]], str]:
+        """Chunk content already in memory (a small file read whole); the same chunk list and
+        MD5 as :meth:`feed` of a stream of ``data``."""
+        # Content no longer than the minimum chunk is one chunk: the cutter is not asked.
+        pieces = (memoryview(data),) if 0 < len(data) <= chunking.MIN_CHUNK else chunking.cut(data)
+        chunks: list[tuple[bytes, int]] = []
+        for piece in pieces:
+            self._take(piece, chunks)
+        return chunks, hashlib.md5(data).hexdigest()
+
     def feed_runs(self, runs: Sequence[Run]) -> tuple[list[tuple[bytes, int]], str]:
         """Chunk one file given as data runs and holes; return its chunk list and ETag.
 
@@ -86,12 +96,15 @@ class Ingester:
         for piece in chunking.cut_stream(stream):
             if md5 is not None:
                 md5.update(piece)
-            cid = chunking.chunk_id(piece)
-            chunks.append((cid, len(piece)))
-            self._window.append((cid, piece))
-            self._pending += len(piece)
-            if self._pending >= chunking.READ_WINDOW:
-                self.flush()
+            self._take(piece, chunks)
+
+    def _take(self, piece: memoryview, chunks: list[tuple[bytes, int]]) -> None:
+        cid = chunking.chunk_id(piece)
+        chunks.append((cid, len(piece)))
+        self._window.append((cid, piece))
+        self._pending += len(piece)
+        if self._pending >= chunking.READ_WINDOW:
+            self.flush()
 
     def flush(self) -> None:
         send_new(self.sink, self._window)
