@@ -27,7 +27,7 @@ frames and metadata objects, a mount's chunks (``--cache-dir``).
   checksum, a chunk's id); a corrupt file is dropped (and counted) and the
   caller fetches the blob again.
 - **Failures**: a blob that cannot be written (disk full, I/O error) is just
-  not cached; only pinned blobs, which must be kept, raise.
+  not cached; only pinned blobs, which must be kept, raise (StorageFull when the disk is full).
 - **Restart**: blobs on disk are indexed again at start-up.
 - **One user**: the directory is locked (``flock`` of the directory itself) for the
   life of the cache, until :meth:`DiskCache.close` or the process ends; another
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 import threading
@@ -259,9 +260,9 @@ class DiskCache:
 
         When the batch cannot fit beside what is pinned, wait up to ``wait`` seconds for
         blobs to be unpinned (back-pressure: the writer is slowed to the pace at which
-        pinned blobs are released), then CacheFull. All or nothing: CacheFull, and the
-        OSError of a blob that cannot be written or synced, leave none of the batch
-        pinned (blobs cached before stay cached, unpinned)."""
+        pinned blobs are released), then CacheFull. All or nothing: CacheFull, a full disk
+        (StorageFull) and the OSError of a blob that cannot be written or synced leave none
+        of the batch pinned (blobs cached before stay cached, unpinned)."""
         return self._pin_batch(dict(blobs), durable=False, wait=wait)
 
     def _pin_batch(self, batch: dict[bytes, bytes], durable: bool, wait: float = 0.0) -> int:
@@ -297,8 +298,10 @@ class DiskCache:
                 self._write(key, batch[key], durable)
             if not durable:
                 sync_filesystem(self.root)
-        except BaseException:
+        except BaseException as exc:
             self._unpin_failed(fresh, promoted)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFull(f"the cache's disk is full: {len(batch)} blobs that must be kept were not written") from exc
             raise
         finally:
             self._written(to_write)

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
+from fabric.errors import StorageFull
+
 Durability = Literal["full", "normal"]
 
 _SYNCHRONOUS: dict[str, str] = {"full": "FULL", "normal": "NORMAL"}
@@ -58,7 +60,8 @@ def connect(path: str, durability: Durability) -> sqlite3.Connection:
 def transaction(conn: sqlite3.Connection, write: bool = True) -> Iterator[sqlite3.Cursor]:
     """A transaction on ``conn``; commits on normal exit, rolls back on an exception.
 
-    Write transactions start with ``BEGIN IMMEDIATE`` so two writers queue on
+    A full disk (SQLite's ``SQLITE_FULL``) is :class:`~fabric.errors.StorageFull`, with
+    nothing of the transaction kept. Write transactions start with ``BEGIN IMMEDIATE`` so two writers queue on
     the database lock instead of failing on lock upgrade. A ``BEGIN`` refused
     as locked is retried for a while (about ten seconds) before giving up.
     """
@@ -66,10 +69,13 @@ def transaction(conn: sqlite3.Connection, write: bool = True) -> Iterator[sqlite
     _retry_locked(lambda: cur.execute("BEGIN IMMEDIATE" if write else "BEGIN"))
     try:
         yield cur
-    except BaseException:
-        cur.execute("ROLLBACK")
+        cur.execute("COMMIT")
+    except BaseException as exc:
+        if conn.in_transaction:
+            cur.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode == sqlite3.SQLITE_FULL:
+            raise StorageFull(f"the disk holding a database is full: {exc}") from exc
         raise
-    cur.execute("COMMIT")
 
 
 def _retry_locked(statement: Callable[[], object]) -> None:

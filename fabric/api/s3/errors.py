@@ -13,6 +13,7 @@ from fabric.errors import (
     NotFound,
     PreconditionFailed,
     RangeNotSatisfiable,
+    StorageFull,
     Unauthorized,
     Unavailable,
 )
@@ -58,6 +59,8 @@ def from_fabric(exc: FabricError, missing: str = "NoSuchKey") -> S3Error:
         return S3Error("InvalidRequest", exc.message, 400)
     if isinstance(exc, Unavailable):
         return S3Error("ServiceUnavailable", exc.message, 503)
+    if isinstance(exc, StorageFull):  # a spoke whose disk is full (no AWS code: MinIO answers 507 too)
+        return S3Error("InsufficientStorage", exc.message, 507)
     if isinstance(exc, Corruption):
         return S3Error("InternalError", "stored data failed verification; it is not served", 500)
     return S3Error("InternalError", exc.message, max(exc.status, 500))
