@@ -1,19 +1,31 @@
 #!/usr/bin/env python3
 """FUSE benchmark: a fabric mount of a pinned commit vs an rclone mount vs the local directory.
 
-The same files three ways, side by side in one run:
+The same files several ways, side by side in one run:
 
 - ``local``: the plain directory the data was generated in;
 - ``rclone``: ``rclone mount DIR MNT --vfs-cache-mode full`` of that directory
   (a fresh, empty VFS cache per round);
 - ``fabric``: ``fabric mount HUB repo@COMMIT MNT`` of the commit the directory
   was imported into, served by a ``fabric hub`` on loopback (a fresh mount
-  process per round, so nothing of an earlier round is cached in it).
+  process per round, so nothing of an earlier round is cached in it);
+- ``fabric-cached``: the same mount with ``--cache-dir``, a directory filled by one
+  read of every file before the rounds: a locally cached commit (a fresh mount process
+  per round; the chunks come from the local disk, the hub serves only metadata);
+- ``passthrough``: libfuse's own C example ``passthrough_ll`` over the local directory,
+  built from the libfuse3-dev examples when they are installed: what a FUSE mount costs
+  at best on this machine (one copy fewer than fabric: it splices file pages to the kernel).
+
+With ``--baseline-src DIR`` each fabric mount runs a second time from the source tree DIR
+(``NAME@base``, e.g. a ``git archive`` of the previous revision), in the same rounds:
+before/after figures measured side by side.
 
 Rows (medians over the counted rounds):
 
-- ``large first`` / ``large second``: sequential reads of each 1 GiB file with
-  1 MiB ``read`` calls, MB/s (10^6 bytes/s); the second read right after the first;
+- ``large first`` / ``large second``: sequential reads of each large file (1 GiB unless
+  ``--large-size``) with 1 MiB ``read`` calls, MB/s (10^6 bytes/s); the second read right after the first;
+- ``large parallel``: 8 reader processes, each reading a different large file at once
+  (with at least 8 large files), aggregate MB/s, on a fresh mount with caches dropped;
 - ``small first`` / ``small second``: every 100 KiB file read whole by 8 reader
   processes (reader k takes every 8th file of the sorted list), files/s.
 
@@ -23,12 +35,15 @@ packs all come from disk); without root the page cache is left as it is and
 the report says so. Systems rotate their order round by round.
 
 Goals (issue 5): fabric >= rclone on every row; fabric's second reads within
-2x of the local directory's.
+2x of the local directory's. Issue 21: cold large reads of a locally cached commit
+>= 0.6x the local directory's and >= 2x rclone's, and >= 0.5x the local directory's
+from the hub with nothing cached; the parallel row >= 0.8x the local directory's.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -42,14 +57,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import FABRIC_SRC, MB, drop_page_cache, fabric_env, machine, median, remove, save_json, unmount
 
 GIB = 1024**3
+MIB = 1024**2
 SMALL = 100 * 1024
 READERS = 8
+PASSTHROUGH_SRC = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c"
 
 
 # -- data ----------------------------------------------------------------------------
-def generate(root: str, large: int, small: int, seed: int) -> dict:
+def generate(root: str, large: int, large_size: int, small: int, seed: int) -> dict:
     manifest = os.path.join(root, "manifest.json")
-    params = {"large_files": large, "large_size": GIB, "small_files": small, "small_size": SMALL, "seed": seed}
+    params = {"large_files": large, "large_size": large_size, "small_files": small, "small_size": SMALL, "seed": seed}
     if os.path.exists(manifest):
         with open(manifest) as f:
             if json.load(f).get("params") == params:
@@ -60,7 +77,7 @@ def generate(root: str, large: int, small: int, seed: int) -> dict:
     rnd = random.Random(seed)
     for i in range(large):
         with open(os.path.join(tree, "large", f"big{i}.bin"), "wb") as f:
-            f.writelines(rnd.randbytes(8 << 20) for _ in range(GIB // (8 << 20)))
+            f.writelines(rnd.randbytes(8 << 20) for _ in range(large_size // (8 << 20)))
     for i in range(small):
         d = os.path.join(tree, "small", f"d{i // 1000:02d}")
         os.makedirs(d, exist_ok=True)
@@ -96,10 +113,21 @@ def _read_files(paths: list[str]) -> int:
     return n
 
 
+def large_files(root: str) -> list[str]:
+    return sorted(os.path.join(root, "large", n) for n in os.listdir(os.path.join(root, "large")))
+
+
 def large_rate(root: str) -> float:
-    files = sorted(os.path.join(root, "large", n) for n in os.listdir(os.path.join(root, "large")))
     t0 = time.perf_counter()
-    total = sum(read_sequential(p) for p in files)
+    total = sum(read_sequential(p) for p in large_files(root))
+    return total / (time.perf_counter() - t0) / MB
+
+
+def parallel_rate(root: str, pool: Pool) -> float:
+    """READERS processes at once, each reading a different large file: aggregate MB/s."""
+    files = large_files(root)[:READERS]
+    t0 = time.perf_counter()
+    total = sum(pool.map(read_sequential, files, chunksize=1))
     return total / (time.perf_counter() - t0) / MB
 
 
@@ -129,8 +157,8 @@ def wait_mount(mp: str, proc: subprocess.Popen | None = None, timeout: float = 6
 class Fabric:
     name = "fabric"
 
-    def __init__(self, python: str, hub_url: str, token: str, target: str, mp: str, log: str) -> None:
-        self.cmd = [python, "-m", "fabric.cli.main", "mount", hub_url, target, mp, "--log-file", log]
+    def __init__(self, python: str, hub_url: str, token: str, target: str, mp: str, log: str, *options: str) -> None:
+        self.cmd = [python, "-m", "fabric.cli.main", "mount", hub_url, target, mp, "--log-file", log, *options]
         self.env = dict(fabric_env(), FABRIC_TOKEN=token)
         self.mp = mp
 
@@ -141,6 +169,71 @@ class Fabric:
 
     def unmount(self) -> None:
         subprocess.run([*self.cmd[:3], "umount", self.mp], env=self.env, capture_output=True, cwd=FABRIC_SRC)
+        unmount(self.mp)
+
+    def baseline(self, src: str) -> Fabric:
+        """The same mount run from the source tree ``src`` (an earlier revision), as ``NAME@base``."""
+        other = copy.copy(self)
+        other.name = self.name + "@base"
+        other.mp = self.mp + "-base"
+        other.cmd = [*self.cmd[:6], other.mp, "--log-file", self.cmd[8] + ".base", *self.cmd[9:]]
+        other.env = dict(self.env, PYTHONPATH=src)
+        return other
+
+
+class FabricCached(Fabric):
+    """A fabric mount whose --cache-dir holds every chunk (filled once by :meth:`fill`)."""
+
+    name = "fabric-cached"
+
+    def __init__(self, python: str, hub_url: str, token: str, target: str, mp: str, log: str, cache: str, size: int) -> None:
+        super().__init__(python, hub_url, token, target, mp, log, "--cache-dir", cache, "--cache-size", str(size))
+
+    def fill(self) -> None:
+        root = self.mount()
+        try:
+            for d, _, names in os.walk(root):
+                for n in names:
+                    read_sequential(os.path.join(d, n))
+        finally:
+            self.unmount()
+
+
+class Passthrough:
+    """libfuse's example passthrough_ll (C, low-level API, splice) over the local directory."""
+
+    name = "passthrough"
+
+    def __init__(self, src: str, mp: str, binary: str) -> None:
+        self.src, self.mp = src, mp
+        self.cmd = [binary, "-o", f"source={src}", "-o", "cache=always", mp]
+
+    @staticmethod
+    def build(out: str) -> str | None:
+        """Compile the example (the path of the binary), or None without its source or a compiler."""
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if not (cc and os.path.exists(PASSTHROUGH_SRC) and shutil.which("pkg-config")):
+            return None
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True)
+        if flags.returncode != 0:
+            return None
+        done = subprocess.run([cc, "-O2", PASSTHROUGH_SRC, *flags.stdout.split(), "-o", out], capture_output=True)
+        return out if done.returncode == 0 else None
+
+    def mount(self) -> str:
+        os.makedirs(self.mp, exist_ok=True)
+        subprocess.run(self.cmd, check=True, capture_output=True)
+        wait_mount(self.mp)
+        # The kernel readahead fabric's mount sets for itself (32 MiB; FUSE starts at 128 KiB).
+        dev = os.stat(self.mp).st_dev
+        try:
+            with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb", "w") as f:
+                f.write("32768")
+        except OSError:
+            pass
+        return self.mp
+
+    def unmount(self) -> None:
         unmount(self.mp)
 
 
@@ -181,22 +274,26 @@ class Local:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "work"))
-    ap.add_argument("--large-files", type=int, default=2, help="1 GiB files (default 2)")
+    ap.add_argument("--large-files", type=int, default=2, help="large files (default 2; 8 or more for the parallel row)")
+    ap.add_argument("--large-size", type=int, default=1024, help="MiB per large file (default 1024)")
     ap.add_argument("--small-files", type=int, default=4000, help="100 KiB files (default 4000)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("--only", choices=["fabric", "rclone", "local"], action="append")
+    ap.add_argument("--only", choices=["fabric", "fabric-cached", "rclone", "passthrough", "local"], action="append")
     ap.add_argument("--no-tmpfs-reference", dest="tmpfs_reference", action="store_false",
                     help="skip the tmpfs reference read of the large files")
+    ap.add_argument("--baseline-src", metavar="DIR",
+                    help="also run the fabric mounts from this source tree (e.g. `git archive` of an earlier revision), side by side")
     ap.add_argument("--json-out")
     ap.add_argument("--md-out")
     args = ap.parse_args()
 
     if not shutil.which("rclone"):
         raise SystemExit("bench_fuse.py: rclone is not on PATH (scripts/install-system-deps.sh installs it)")
-    data = os.path.join(args.work, "data", f"fuse-l{args.large_files}-s{args.small_files}-s{args.seed}")
-    params = generate(data, args.large_files, args.small_files, args.seed)
+    size_tag = "" if args.large_size == 1024 else f"-m{args.large_size}"
+    data = os.path.join(args.work, "data", f"fuse-l{args.large_files}{size_tag}-s{args.small_files}-s{args.seed}")
+    params = generate(data, args.large_files, args.large_size * MIB, args.small_files, args.seed)
     tree = os.path.join(data, "tree")
     stores = os.path.join(args.work, "stores", "fuse")
     remove(stores)
@@ -228,14 +325,27 @@ def main() -> None:
             time.sleep(0.1)
     token = open(os.path.join(hub_dir, "admin.token")).read().strip()
 
+    data_bytes = params["large_files"] * params["large_size"] + params["small_files"] * SMALL
+    target = f"bench@{commit}"
     systems = [
-        Fabric(args.python, url, token, f"bench@{commit}", os.path.join(stores, "mnt-fabric"), os.path.join(stores, "mount.log")),
+        Fabric(args.python, url, token, target, os.path.join(stores, "mnt-fabric"), os.path.join(stores, "mount.log")),
+        FabricCached(args.python, url, token, target, os.path.join(stores, "mnt-fabric-cached"),
+                     os.path.join(stores, "mount-cached.log"), os.path.join(stores, "chunk-cache"), 2 * data_bytes),
         Rclone(tree, os.path.join(stores, "mnt-rclone"), os.path.join(stores, "rclone-cache")),
         Local(tree),
     ]
+    binary = Passthrough.build(os.path.join(stores, "passthrough_ll"))
+    if binary:
+        systems.insert(3, Passthrough(tree, os.path.join(stores, "mnt-passthrough"), binary))
     if args.only:
         systems = [s for s in systems if s.name in args.only]
-    rows = ("large_first", "large_second", "small_first", "small_second")
+    if args.baseline_src:
+        systems = [b for s in systems for b in ([s, s.baseline(args.baseline_src)] if isinstance(s, Fabric) else [s])]
+    for s in systems:
+        if isinstance(s, FabricCached) and not s.name.endswith("@base"):  # a baseline shares the directory
+            s.fill()
+    parallel = params["large_files"] >= READERS
+    rows = ("large_first", "large_second", "large_parallel", "small_first", "small_second")
     results: dict[str, dict[str, list[float]]] = {s.name: {r: [] for r in rows} for s in systems}
     dropped = True
     try:
@@ -253,7 +363,14 @@ def main() -> None:
                         results[s.name]["small_second"].append(small_rate(root, pool))
                     finally:
                         s.unmount()
-                    print(f"round {rnd + 1} {s.name}: " + ", ".join(f"{r} {results[s.name][r][-1]:.0f}" for r in rows), file=sys.stderr)
+                    if parallel:  # on a fresh mount: nothing of the rows above in its memory
+                        root = s.mount()
+                        try:
+                            dropped &= drop_page_cache()
+                            results[s.name]["large_parallel"].append(parallel_rate(root, pool))
+                        finally:
+                            s.unmount()
+                    print(f"round {rnd + 1} {s.name}: " + ", ".join(f"{r} {v[-1]:.0f}" for r, v in results[s.name].items() if v), file=sys.stderr)
     finally:
         hub.terminate()
         hub.wait(30)
@@ -270,7 +387,7 @@ def main() -> None:
             tmpfs_rates = [large_rate(ref) for _ in range(args.runs)]
         finally:
             remove(ref)
-    med = {s: {r: median(v) for r, v in rs.items()} for s, rs in results.items()}
+    med = {s: {r: median(v) for r, v in rs.items() if v} for s, rs in results.items()}
     report = {
         "machine": machine(),
         "params": params,
@@ -279,23 +396,27 @@ def main() -> None:
         "results": results,
         "medians": med,
         "commands": {
-            "fabric": " ".join(systems[0].cmd) if systems and systems[0].name == "fabric" else None,
-            "rclone": " ".join(Rclone(tree, "MNT", "CACHE").cmd),
+            **{s.name: " ".join(s.cmd) for s in systems if s.name != "local"},
             "hub": " ".join(hub_cmd),
             "benchmark": " ".join([sys.executable, *sys.argv]),
         },
     }
+    names = [s.name for s in systems]
+    fabrics = [n for n in names if n.startswith("fabric") and not n.endswith("@base")]
     md = [
-        f"Data: {params['large_files']} x 1 GiB incompressible files; {params['small_files']} x 100 KiB files "
+        f"Data: {params['large_files']} x {params['large_size'] // MIB} MiB incompressible files; {params['small_files']} x 100 KiB files "
         f"(directories of 1,000). {args.runs} rounds, medians; caches dropped before first reads: {'yes' if dropped else 'NO'}.",
         "",
-        "| row | unit | fabric | rclone | local | fabric / rclone | fabric / local |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| row | unit | " + " | ".join(names) + " | " + " | ".join(f"{f} / {o}" for f in fabrics for o in ("rclone", "local")) + " |",
+        "|---|---|" + "---:|" * (len(names) + 2 * len(fabrics)),
     ]
     for r in rows:
+        if not any(r in med.get(n, {}) for n in names):
+            continue
         unit = "MB/s" if r.startswith("large") else "files/s"
-        f, c, loc = (med.get(n, {}).get(r) for n in ("fabric", "rclone", "local"))
-        md.append(f"| {r.replace('_', ' ')} | {unit} | {_figure(f)} | {_figure(c)} | {_figure(loc)} | {_ratio(f, c)} | {_ratio(f, loc)} |")
+        figures = [_figure(med[n].get(r)) for n in names]
+        ratios = [_ratio(med[f].get(r), med.get(o, {}).get(r)) for f in fabrics for o in ("rclone", "local")]
+        md.append(f"| {r.replace('_', ' ')} | {unit} | " + " | ".join(figures + ratios) + " |")
     if tmpfs_rates:
         t = median(tmpfs_rates)
         md += [

@@ -189,11 +189,11 @@ class FabricFS(mfusepy.Operations):
         return 0
 
     @op
-    def read(self, path: str | None, size: int, offset: int, fi: Any) -> list[tuple[bytes, int, int]]:
-        """``(bytes, lo, hi)`` pieces that :meth:`FabricFUSE.read` copies straight into the kernel's buffer."""
+    def read(self, path: str | None, dst: memoryview, offset: int, fi: Any) -> int:
+        """Copy the bytes at ``offset`` into ``dst``, the kernel's buffer (:meth:`FabricFUSE.read`)."""
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("read %s offset %d size %d fh %d", path, offset, size, fi.fh)
-        return self.reads.read(rel(path), size, offset, fi.fh)
+            log.debug("read %s offset %d size %d fh %d", path, offset, len(dst), fi.fh)
+        return self.reads.read(rel(path), dst, offset, fi.fh)
 
     @op
     def release(self, path: str | None, fi: Any) -> int:

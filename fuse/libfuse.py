@@ -23,6 +23,11 @@ _libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 _libfuse.fuse_invalidate_path.restype = ctypes.c_int
 
 FOREVER = 365 * 24 * 3600.0
+#: libfuse's worker threads. Every request runs Python, under one GIL: past a few threads,
+#: more only contend for it (measured in bench/RESULTS.md, issue 21: 32 threads cost a
+#: third more CPU per byte read than 4-8). Slow requests wait on the fetcher's own
+#: workers, so a few threads still keep the disk and the network busy.
+MAX_THREADS = 8
 FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
 FUSE_CAP_HANDLE_KILLPRIV = 1 << 20
 FUSE_READDIR_PLUS = 1
@@ -65,29 +70,14 @@ def invalidate_path(p: str) -> None:
         log.debug("cannot invalidate %s: %s", p, exc)
 
 
-def _address(data: bytes) -> int:
-    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
-
-
 class FabricFUSE(mfusepy.FUSE):
     """mfusepy's FUSE with what fabric needs beyond it: cacheable directory handles,
     READDIRPLUS (names with attributes), rename flags, and file handles on setattr."""
 
     def read(self, path: bytes | None, buf, size: int, offset: int, fip) -> int:
-        """Copy each piece once, into the kernel's buffer (no joined copy of the whole read)."""
-        parts = self.operations.read(self._p(path), size, offset, fip.contents)
-        dst = ctypes.cast(buf, ctypes.c_void_p).value or 0
-        n = 0
-        for data, lo, hi in parts:
-            k = hi - lo
-            if k <= 0:
-                continue
-            if lo == 0:
-                ctypes.memmove(dst + n, data, k)
-            else:
-                ctypes.memmove(dst + n, _address(data) + lo, k)
-            n += k
-        return n
+        """The operations copy the bytes once, straight into the kernel's buffer."""
+        dst = memoryview((ctypes.c_char * size).from_address(ctypes.cast(buf, ctypes.c_void_p).value or 0)).cast("B")
+        return self.operations.read(self._p(path), dst, offset, fip.contents)
 
     def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):
         if not flags & FUSE_READDIR_PLUS:

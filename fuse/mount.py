@@ -31,7 +31,7 @@ from fabric.util.jsonfile import write_json
 from fabric.util.processes import process_alive
 from fuse.config import MountConfig
 from fuse.fs import FabricFS
-from fuse.libfuse import FabricFUSE
+from fuse.libfuse import MAX_THREADS, FabricFUSE
 
 log = logging.getLogger("fabric.fuse")
 
@@ -182,7 +182,7 @@ def run_foreground(
         "subtype": "fabric",
         "default_permissions": True,
         "ro": not fs.state.writable,
-        "max_threads": 32,
+        "max_threads": MAX_THREADS,
     }
     if allow_other:
         options["allow_other"] = True

@@ -154,26 +154,27 @@ class ReadPath:
         return r
 
     # -- reading -----------------------------------------------------------------------
-    def read(self, p: str | None, size: int, offset: int, fh: int) -> list[tuple[bytes, int, int]]:
-        """``(bytes, lo, hi)`` pieces of ``[offset, offset + size)`` of the file open as ``fh``
-        (or of ``p``, on an immutable mount), not copied."""
-        self.read_bytes += size
+    def read(self, p: str | None, dst: memoryview, offset: int, fh: int) -> int:
+        """Copy ``[offset, offset + len(dst))`` of the file open as ``fh`` (or of ``p``, on an
+        immutable mount) into ``dst``; returns the bytes copied."""
+        self.read_bytes += len(dst)
         h = self.state.handles.get(fh)
         if h is None and self.state.immutable and p is not None:
-            return self._path_reader(p).read_parts(offset, size)
+            return self._path_reader(p).read_into(dst, offset)
         if isinstance(h, RHandle):
-            return h.reader.read_parts(offset, size)
+            return h.reader.read_into(dst, offset)
         if isinstance(h, WHandle):
             wf = h.wf
             with wf.lock:
                 if wf.fd is not None:
-                    data = wf.read(offset, size)
-                    return [(data, 0, len(data))]
+                    data = wf.read(offset, len(dst))
+                    dst[: len(data)] = data
+                    return len(data)
                 base = wf.base
             assert base is not None
             if h.reader is None or h.reader_base is not base:
                 h.reader, h.reader_base = self.reader_for(base), base
-            return h.reader.read_parts(offset, size)
+            return h.reader.read_into(dst, offset)
         raise err(errno.EBADF)
 
     def reader_for(self, e: Entry) -> FileReader:

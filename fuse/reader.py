@@ -28,6 +28,7 @@ from fabric.format.chunking import chunk_id
 from fabric.format.model import HOLE_ID
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.retry import RetryingPlane
+from fuse.direct import DirectReader
 
 log = logging.getLogger("fabric.fuse")
 
@@ -48,7 +49,13 @@ def chunk_disk_cache(root: str, budget: int) -> DiskCache:
 
 
 class Fetcher:
-    """Where chunk bytes come from: memory, disk, then the server (batched, deduplicated)."""
+    """Where chunk bytes come from: memory, disk, then the server (batched, deduplicated).
+
+    Every chunk being loaded has one future in ``_inflight``, owned by the thread that
+    loads it; other readers of it wait on that future. Readahead fetches only what the
+    disk cache lacks: a chunk on disk is read when it is needed, by
+    :meth:`read_cached_into` straight into the kernel's buffer when a read covers it whole.
+    """
 
     def __init__(
         self,
@@ -67,28 +74,22 @@ class Fetcher:
         self._inflight: dict[bytes, Future] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fabric-fetch")
+        self._direct = DirectReader()
         self.fetched_chunks = 0
         self.fetched_bytes = 0
         self.requests = 0
+        self.disk_chunks = 0  # chunks read back from the disk cache
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _cached(self, cid: bytes) -> bytes | None:
-        data = self.memory.get(cid)
-        if data is None and self.disk is not None:
-            data = self.disk.get(cid)
-            if data is not None:
-                self.memory.put(cid, data)
-        return data
-
     def get(self, ids: Sequence[bytes]) -> dict[bytes, bytes]:
-        """The bytes of every chunk in ``ids``; fetches what no cache holds, in this thread."""
+        """The bytes of every chunk in ``ids``; loads what memory lacks, in this thread."""
         out: dict[bytes, bytes] = {}
         mine: list[bytes] = []
         waits: list[tuple[bytes, Future]] = []
         for cid in dict.fromkeys(ids):
-            data = self._cached(cid)
+            data = self.memory.get(cid)
             if data is not None:
                 out[cid] = data
                 continue
@@ -100,10 +101,23 @@ class Fetcher:
                 else:
                     waits.append((cid, fut))
         if mine:
-            out.update(self._fetch(mine))
+            out.update(self._load(mine))
         for cid, fut in waits:
             out[cid] = fut.result()
         return out
+
+    def read_cached_into(self, cid: bytes, dst: memoryview) -> bool:
+        """Copy chunk ``cid`` (``len(dst)`` bytes) from the disk cache into ``dst``, verified,
+        without keeping it in memory; False when memory has it or is loading it, or the disk
+        cache lacks it or holds a damaged copy (dropped): then :meth:`get` it."""
+        disk = self.disk
+        if disk is None or cid in self.memory or cid in self._inflight or cid not in disk:
+            return False
+        view = self._read_disk(disk, cid, len(dst))
+        if view is None:
+            return False
+        dst[:] = view
+        return True
 
     def prefetch(self, chunks: Iterable[tuple[bytes, int]]) -> int:
         """Start fetching chunks in the background (batched); returns the bytes requested."""
@@ -140,6 +154,53 @@ class Fetcher:
         except Exception as exc:  # noqa: BLE001 - the waiting readers get the error
             log.debug("readahead of %d chunks failed: %s", len(ids), exc)
 
+    def _load(self, ids: list[bytes]) -> dict[bytes, bytes]:
+        """Load chunks whose futures this thread owns: from the disk cache, the rest from the server."""
+        got: dict[bytes, bytes] = {}
+        missing = ids
+        if self.disk is not None:
+            missing = []
+            try:
+                for cid in ids:
+                    view = self._read_disk(self.disk, cid) if cid in self.disk else None
+                    if view is None:
+                        missing.append(cid)
+                        continue
+                    got[cid] = data = bytes(view)
+                    self.memory.put(cid, data)
+                    self._resolve(cid, data)
+            except BaseException as exc:
+                self._fail([c for c in ids if c not in got], exc)
+                raise
+        if missing:
+            got.update(self._fetch(missing))
+        return got
+
+    def _read_disk(self, disk: DiskCache, cid: bytes, size: int | None = None) -> memoryview | None:
+        """Chunk ``cid`` (of ``size`` bytes, when known) from the disk cache, verified against
+        its id (a view valid until this thread's next read); ``None`` when gone meanwhile or
+        damaged (then dropped)."""
+        try:
+            view = self._direct.read(disk.file(cid), size)
+        except FileNotFoundError:
+            return None  # evicted meanwhile
+        except OSError as exc:
+            log.warning("cannot read chunk %s from the cache directory: %s", cid.hex(), exc)
+            return None
+        if chunk_id(view) != cid:
+            log.warning("dropping damaged chunk %s from the cache directory", cid.hex())
+            disk.drop_corrupt(cid)
+            return None
+        disk.touch(cid)
+        self.disk_chunks += 1
+        return view
+
+    def _resolve(self, cid: bytes, data: bytes) -> None:
+        with self._lock:
+            fut = self._inflight.pop(cid, None)
+        if fut is not None:
+            fut.set_result(data)
+
     def _fetch(self, ids: list[bytes]) -> dict[bytes, bytes]:
         """Fetch chunks whose futures this thread owns; resolve them (or fail them)."""
         got: dict[bytes, bytes] = {}
@@ -160,10 +221,7 @@ class Fetcher:
                     self.disk.put(cid, data)
                 self.fetched_chunks += 1
                 self.fetched_bytes += len(data)
-                with self._lock:
-                    fut = self._inflight.pop(cid, None)
-                if fut is not None:
-                    fut.set_result(data)
+                self._resolve(cid, data)
             lacking = [cid for cid in ids if cid not in got]
             if lacking:
                 raise Corruption(f"the server did not send chunk {lacking[0].hex()} ({len(lacking)} missing)")
@@ -208,41 +266,59 @@ class FileReader:
         self.ahead = 0  # chunks [0, ahead) have been requested already
         self._lock = threading.Lock()
 
-    def read_parts(self, offset: int, size: int) -> list[tuple[bytes, int, int]]:
-        """The bytes of ``[offset, offset + size)`` as ``(chunk, lo, hi)`` pieces, not copied."""
-        if offset >= self.size or size <= 0:
-            return []
-        end = min(offset + size, self.size)
+    def read_into(self, dst: memoryview, offset: int) -> int:
+        """Copy ``[offset, offset + len(dst))`` into ``dst`` (the kernel's buffer); returns
+        the bytes copied (fewer at the end of the file). A chunk the read covers whole is
+        copied from the disk cache straight into ``dst`` when it is there; the others go
+        through the fetcher (and its memory cache)."""
+        if offset >= self.size or len(dst) <= 0:
+            return 0
+        end = min(offset + len(dst), self.size)
         first = bisect.bisect_right(self.offsets, offset) - 1
         last = bisect.bisect_left(self.offsets, end)  # exclusive
-        if self.size <= WHOLE_FILE:
-            demand = range(len(self.ids))  # small: all of it in one request, then from memory
-        else:
-            demand = range(first, last)
+        if self.size > WHOLE_FILE:
             self._read_ahead(offset, end, last)
-        got = self.fetcher.get([self.ids[i] for i in demand if self.ids[i] != HOLE_ID])
-        parts = []
+        rest: list[int] = []
+        served: set[bytes] = set()
         for i in range(first, last):
-            base = self.offsets[i]
-            lo, hi = max(offset, base) - base, min(end, self.offsets[i + 1]) - base
-            if self.ids[i] == HOLE_ID:
-                parts.append((ZEROS if hi - lo <= len(ZEROS) else bytes(hi - lo), 0, hi - lo))
+            cid = self.ids[i]
+            lo, hi, at = self._span(i, offset, end)
+            if cid == HOLE_ID:
+                dst[at : at + hi - lo] = memoryview(ZEROS)[: hi - lo] if hi - lo <= len(ZEROS) else bytes(hi - lo)
+            elif lo == 0 and hi == self.lengths[i] and self.fetcher.read_cached_into(cid, dst[at : at + hi]):
+                served.add(cid)
             else:
-                parts.append((got[self.ids[i]], lo, hi))
-        return parts
+                rest.append(i)
+        if rest:
+            if self.size <= WHOLE_FILE:  # small: the rest of it in one request, later reads from memory
+                ids = [c for c in self.ids if c != HOLE_ID and c not in served]
+            else:
+                ids = [self.ids[i] for i in rest]
+            got = self.fetcher.get(ids)
+            for i in rest:
+                lo, hi, at = self._span(i, offset, end)
+                dst[at : at + hi - lo] = memoryview(got[self.ids[i]])[lo:hi]
+        return end - offset
+
+    def _span(self, i: int, offset: int, end: int) -> tuple[int, int, int]:
+        """Chunk ``i``'s part of ``[offset, end)``: ``(lo, hi)`` within the chunk, and where it goes."""
+        base = self.offsets[i]
+        lo, hi = max(offset, base) - base, min(end, self.offsets[i + 1]) - base
+        return lo, hi, base + lo - offset
 
     def read(self, offset: int, size: int) -> bytes:
-        parts = self.read_parts(offset, size)
-        if len(parts) == 1 and parts[0][1] == 0 and parts[0][2] == len(parts[0][0]):
-            return parts[0][0]
-        return b"".join(data[lo:hi] for data, lo, hi in parts)
+        buf = bytearray(max(0, min(size, self.size - offset)))
+        self.read_into(memoryview(buf), offset)
+        return bytes(buf)
 
     def _read_ahead(self, offset: int, end: int, last: int) -> None:
         if not self.readahead:
             self.ahead = max(self.ahead, last)
             return
         with self._lock:
-            sequential = offset == 0 or (self.max_end - 2 * self.window <= offset <= self.max_end + self.window)
+            # The kernel reads ahead too, several requests at once that threads may serve out of
+            # order: a read within one readahead window of the furthest one is still sequential.
+            sequential = offset == 0 or (self.max_end - 2 * self.window <= offset <= self.max_end + self.readahead)
             self.max_end = max(self.max_end, end)
             if not sequential:
                 self.window = FIRST_WINDOW
