@@ -28,7 +28,7 @@ from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane, Timeouts
 from fabric.engine.reader import Reader, View
 from fabric.engine.refs import parse_ref
 from fabric.engine.tree import Trees
-from fabric.errors import BadRequest, FabricError, NotFound, Unavailable
+from fabric.errors import BadRequest, Corruption, FabricError, NotFound, Unavailable
 from fabric.format import frames, packs
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
@@ -783,11 +783,14 @@ class SpokePlane(DataPlane):
         problems = []
         checked = 0
         for key in self.chunk_cache.keys():
-            frame = self.chunk_cache.get(key)
-            checked += 1
-            if frame is None:
+            try:
+                frame = self.chunk_cache.scrub(key)
+            except Corruption:
                 problems.append(f"cached chunk {key.hex()} was corrupt and has been dropped")
                 continue
+            if frame is None:
+                continue  # evicted (or rewritten) since the listing: nothing to check
+            checked += 1
             try:
                 frames.decode(frame, key)
             except FabricError as exc:

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from fabric.cache.disk import CacheFull, DiskCache
+from fabric.errors import Corruption
 from fabric.format import frames
 from fabric.format.chunking import chunk_id
 
@@ -323,3 +324,24 @@ def test_a_blob_that_cannot_be_written_is_not_cached_but_a_pinned_one_raises(tmp
     assert key not in cache
     stats = cache.stats()
     assert stats["cache_bytes"] == stats["cache_pinned_bytes"] == 0
+
+
+def test_scrub_reads_without_counting_and_tells_damage_from_a_blob_gone(tmp_path) -> None:
+    """fsck's read: a damaged copy is raised (dropped, counted); one evicted or never cached is
+    None, not damage (a spoke's fsck listed evictions under live traffic as corrupt chunks)."""
+    cache = DiskCache(str(tmp_path / "c"), 1 << 20)
+    cache.put(key("a"), bytes(5000))
+    cache.put(key("b"), bytes(6000))
+    hits, misses = cache.hits, cache.misses
+    assert cache.scrub(key("a")) == bytes(5000)
+    assert cache.scrub(key("never")) is None
+    assert (cache.hits, cache.misses) == (hits, misses)
+    with open(cache._path(key("b")), "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(Corruption):
+        cache.scrub(key("b"))
+    assert key("b") not in cache and not os.path.exists(cache._path(key("b")))
+    assert cache.stats()["cache_corruptions"] == 1
+    cache.drop(key("a"))  # evicted between fsck's listing and its read
+    assert cache.scrub(key("a")) is None
+    assert cache.stats()["cache_corruptions"] == 1

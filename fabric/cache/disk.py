@@ -49,7 +49,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from fabric.errors import StorageFull
+from fabric.errors import Corruption, StorageFull
 from fabric.util.dirlock import DirLock
 
 from .plans import PLAN_MAX_IDS, Plans
@@ -178,7 +178,7 @@ class DiskCache:
     def get(self, key: bytes) -> bytes | None:
         """The blob, verified; ``None`` on a miss or when the cached copy was corrupt."""
         with self._lock:
-            item = self._window.get(key) or self._main.get(key) or self._pinned.get(key) or self._held.get(key)
+            item = self._item(key)
             if self._plans:
                 self._release(self._plans.consume(key), key)
             if item is None or key in self._writing:
@@ -205,7 +205,7 @@ class DiskCache:
         with self._lock:
             if self._plans:
                 self._release(self._plans.consume(key), key)
-            item = self._window.get(key) or self._main.get(key) or self._pinned.get(key) or self._held.get(key)
+            item = self._item(key)
             if item is not None:
                 self._hit(key, item)
 
@@ -383,6 +383,35 @@ class DiskCache:
 
     def drop(self, key: bytes) -> None:
         self._forget(key, unlink=True)
+
+    def scrub(self, key: bytes) -> bytes | None:
+        """The blob as :meth:`get` reads it, for a check of the whole cache (fsck), or ``None``
+        when it is not cached (evicted or being written meanwhile: not damage). A corrupt copy
+        is dropped, counted and raised as :class:`~fabric.errors.Corruption`. The read changes
+        no recency, plan or hit counter."""
+        with self._lock:
+            item = self._item(key)
+            if item is None or key in self._writing:
+                return None
+        try:
+            with open(self._path(key), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        if len(data) == item.size and (self._verify is None or self._verify(key, data)):
+            return data
+        with self._lock:
+            if key in self._writing or self._item(key) is not item:
+                return None  # replaced meanwhile: what was read is not what is cached now
+            self.corruptions += 1
+            for seg in ("_window", "_main", "_pinned", "_held"):
+                self._move(key, (seg,), None)
+            self._unlink(key)
+        raise Corruption(f"cached blob {key.hex()} failed its check and was dropped")
+
+    def _item(self, key: bytes) -> _Item | None:
+        """Under the lock: the blob's index entry, in whichever segment holds it."""
+        return self._window.get(key) or self._main.get(key) or self._pinned.get(key) or self._held.get(key)
 
     def drop_corrupt(self, key: bytes) -> None:
         """Drop a blob its reader found damaged (a check beyond ``verify``), and count it."""

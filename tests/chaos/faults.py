@@ -185,7 +185,7 @@ class Injector(threading.Thread):
             elif f.kind == "hub-stop":
                 self.hub(f.target).resume()
             elif f.kind == "mount-kill":
-                self.remount(self.dep.mounts[f.target])
+                self.remount(f)
             elif f.kind == "link-cut":
                 for link in self.spoke(f.target).links:
                     link.restore()
@@ -214,18 +214,25 @@ class Injector(threading.Thread):
                 time.sleep(2)
         raise RuntimeError(f"{proc.name} could not be restarted")
 
-    def remount(self, mount) -> None:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                mount.force_unmount()
-                mount.start()
-                return
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    raise
-                self.log(f"remount {mount.name}: {exc!r}; again")
-                time.sleep(2)
+    def remount(self, f: Fault) -> None:
+        """Start the killed mount again. A mount may not start while what it needs is down (a
+        spoke restarted while the hub is away cannot answer for the repository): then it is
+        tried again a few seconds later, after the other faults due meanwhile are recovered
+        (blocking here would keep a killed hub down), for up to 120 s."""
+        mount = self.dep.mounts[f.target]
+        first = getattr(f, "_first_remount", None) or time.monotonic()
+        try:
+            mount.force_unmount()
+            mount.start()
+            return
+        except Exception as exc:
+            if time.monotonic() - first > 120:
+                raise
+            self.log(f"remount {mount.name}: {exc!r}; again after the faults due meanwhile")
+        f._first_remount = first  # type: ignore[attr-defined]
+        with self.lock:
+            self.n += 1
+            heapq.heappush(self.active, (time.monotonic() + 3, self.n, f))
 
     # -- corruption ------------------------------------------------------------------------
     def check_hub_fsck_finds(self, cid: bytes) -> None:
@@ -266,13 +273,24 @@ class Injector(threading.Thread):
         """The damaged cache file must be gone (dropped on a read) or reported by the spoke's fsck."""
         path, damaged, cid = f._undo  # type: ignore[attr-defined]
         s = self.spoke(f.target)
+        # The spoke checks the admin token with the hub: just after a hub fault it may answer
+        # 503 for a while (a documented answer), so the check is asked again until it runs.
+        deadline = time.monotonic() + 90
         with httpx.Client(timeout=120) as c:
-            try:
-                r = c.post(s.proc.url + "/api/v1/admin/fsck", headers={"Authorization": f"Bearer {self.dep.admin_token}"})
-            except httpx.HTTPError as exc:
-                self.findings.append(f"spoke fsck on {s.name} failed: {exc!r}")
-                return
-        report = r.json() if r.status_code == 200 else {}
+            while True:
+                try:
+                    r = c.post(s.proc.url + "/api/v1/admin/fsck", headers={"Authorization": f"Bearer {self.dep.admin_token}"})
+                except httpx.HTTPError as exc:
+                    r, error = None, repr(exc)
+                else:
+                    error = f"{r.status_code} {r.text[:200]}"
+                if r is not None and r.status_code == 200:
+                    break
+                if time.monotonic() > deadline:
+                    self.findings.append(f"spoke fsck on {s.name} did not run within 90 s: {error}")
+                    return
+                time.sleep(2)
+        report = r.json()
         mentioned = any(cid.hex() in p for p in report.get("problems", []))
         still = False
         with contextlib.suppress(OSError), open(path, "rb") as fh:
