@@ -403,10 +403,7 @@ class DiskCache:
         with self._lock:
             if key in self._writing or self._item(key) is not item:
                 return None  # replaced meanwhile: what was read is not what is cached now
-            self.corruptions += 1
-            for seg in ("_window", "_main", "_pinned", "_held"):
-                self._move(key, (seg,), None)
-            self._unlink(key)
+            self._forget_locked(key, unlink=True, corrupt=True)
         raise Corruption(f"cached blob {key.hex()} failed its check and was dropped")
 
     def _item(self, key: bytes) -> _Item | None:
@@ -496,12 +493,15 @@ class DiskCache:
 
     def _forget(self, key: bytes, unlink: bool = False, miss: bool = False, corrupt: bool = False) -> None:
         with self._lock:
-            self.misses += miss
-            self.corruptions += corrupt
-            for seg in ("_window", "_main", "_pinned", "_held"):
-                self._move(key, (seg,), None)
-            if unlink:
-                self._unlink(key)  # under the lock: the bytes are free only once the file is gone
+            self._forget_locked(key, unlink, miss, corrupt)
+
+    def _forget_locked(self, key: bytes, unlink: bool = False, miss: bool = False, corrupt: bool = False) -> None:
+        self.misses += miss
+        self.corruptions += corrupt
+        for seg in ("_window", "_main", "_pinned", "_held"):
+            self._move(key, (seg,), None)
+        if unlink:
+            self._unlink(key)  # under the lock: the bytes are free only once the file is gone
 
     def _unlink(self, key: bytes) -> None:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # no such file
