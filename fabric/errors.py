@@ -41,6 +41,23 @@ class PayloadTooLarge(BadRequest):
     code = "payload_too_large"
 
 
+class ChunksMissing(BadRequest):
+    """Entries name chunks the server does not hold for the repository: upload them, then stage
+    again. A writer that uploaded them before may see this when the server lost them meanwhile
+    (a spoke restarted and evicted them before they reached the hub); ``missing`` lists the
+    first of their ids (hex)."""
+
+    code = "chunks_missing"
+
+    def __init__(self, message: str, missing: list[str] | None = None) -> None:
+        super().__init__(message, missing=list(missing or [])[:MISSING_LISTED])
+        self.missing = self.details["missing"]
+
+
+#: How many missing chunk ids a ChunksMissing names.
+MISSING_LISTED = 16
+
+
 class InvalidName(BadRequest):
     code = "invalid_name"
 

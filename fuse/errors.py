@@ -14,6 +14,7 @@ import mfusepy
 
 from fabric.errors import (
     BadRequest,
+    ChunksMissing,
     FabricError,
     Forbidden,
     InvalidName,
@@ -32,8 +33,8 @@ def fs_errno(exc: BaseException) -> int:
     """The errno a filesystem caller should see for an exception."""
     if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
         return exc.errno
-    if isinstance(exc, ServerGone):
-        return errno.EIO
+    if isinstance(exc, (ServerGone, ChunksMissing)):
+        return errno.EIO  # (the data is gone from the server, not the caller's argument invalid)
     if isinstance(exc, NotFound):
         return errno.ENOENT
     if isinstance(exc, StorageFull):

@@ -10,9 +10,11 @@ is staged and its last handle is closed.
 from __future__ import annotations
 
 import errno
+import logging
 import stat as S
 from typing import Any
 
+from fabric.errors import ChunksMissing
 from fabric.format.model import Entry
 from fabric.plane.dataplane import DataPlane
 from fuse import linkgroups
@@ -23,6 +25,11 @@ from fuse.namespace import split
 from fuse.read_path import ReadPath
 from fuse.state import MountState
 from fuse.writer import WFile
+
+log = logging.getLogger("fabric.fuse")
+
+#: How many times a file's content is sent again when staging finds chunks of it missing.
+RESENDS = 2
 
 
 class WritePath:
@@ -207,10 +214,10 @@ class WritePath:
             gen = wf.syncing = wf.generation
             content_changed = wf.fd is not None and wf.synced_content < wf.content_generation
 
-            def upload(plane: DataPlane) -> Entry:
+            def upload(plane: DataPlane, streamed_ok: bool = True) -> Entry:
                 if not content_changed:
                     return wf.attrs_entry()
-                streamed = wf.streamed_entry()
+                streamed = wf.streamed_entry() if streamed_ok else None
                 if streamed is not None:
                     return streamed
                 sink = plane.chunk_sink(st.repo)
@@ -220,7 +227,17 @@ class WritePath:
 
             try:
                 entry = st.plane.retried(upload)
-                self._stage(wf, entry, gen, content_changed)
+                for attempt in range(RESENDS + 1):
+                    try:
+                        self._stage(wf, entry, gen, content_changed)
+                        break
+                    except ChunksMissing:
+                        # The server lost chunks it took from us (a spoke restarted and evicted
+                        # them before they reached the hub): send what it lacks again.
+                        if not content_changed or attempt == RESENDS:
+                            raise
+                        log.warning("%s: the server no longer holds chunks of this file; sending them again", wf.path)
+                        entry = st.plane.retried(lambda plane: upload(plane, streamed_ok=False))
             except Exception as exc:
                 wf.last_error = exc
                 raise

@@ -28,7 +28,7 @@ from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane, Timeouts
 from fabric.engine.reader import Reader, View
 from fabric.engine.refs import parse_ref
 from fabric.engine.tree import Trees
-from fabric.errors import BadRequest, Corruption, FabricError, NotFound, Unavailable
+from fabric.errors import BadRequest, ChunksMissing, Corruption, FabricError, NotFound, Unavailable
 from fabric.format import frames, packs
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
@@ -596,9 +596,10 @@ class SpokePlane(DataPlane):
                     f"which cannot be asked now ({exc.message}); upload them to the spoke first"
                 ) from exc
             if lost:
-                raise BadRequest(
+                raise ChunksMissing(
                     f"chunk {lost[0].hex()} ({len(lost)} in all) is not stored for repository {repo!r}: "
-                    "upload it before staging entries that use it"
+                    "upload it before staging entries that use it",
+                    [cid.hex() for cid in lost],
                 )
             self.ownership.learn(repo, unknown)
         for cid in needed:

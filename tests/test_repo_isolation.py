@@ -85,7 +85,8 @@ def test_a_token_for_a_cannot_fetch_probe_or_reference_chunks_of_b(hub: Hub):
         # No copying by reference: an entry of A built on B's chunk ids is refused, staged or committed.
         wire = Entry("file", len(secret), 0o644, 1, md5="0" * 32, chunks=tuple(zip(ids, [0] * len(ids)))).to_wire()
         body = msgpack.packb({"changes": {"stolen.bin": wire}}, use_bin_type=True)
-        expect_error(c.post(f"{API}/repos/{a}/branches/main/entries", content=body), 400, "not stored for repository", a)
+        refused = expect_error(c.post(f"{API}/repos/{a}/branches/main/entries", content=body), 400, "not stored for repository", a)
+        assert refused["code"] == "chunks_missing" and refused["missing"] and set(refused["missing"]) <= {cid.hex() for cid in ids}
         body = msgpack.packb({"changes": {"stolen.bin": wire}, "message": "m"}, use_bin_type=True)
         expect_error(c.post(f"{API}/repos/{a}/branches/main/commit-changes", content=body), 400, "not stored for repository")
         assert c.get(f"{API}/repos/{a}/branches/main/changes").json()["changes"] == []

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from fabric.client.http import UPLOAD_PACK_SIZE
-from fabric.errors import BadRequest, StorageFull, Unavailable
+from fabric.errors import BadRequest, ChunksMissing, StorageFull, Unavailable
 from fabric.format import frames, packs
 from fabric.format.chunking import chunk_id
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
@@ -292,8 +292,9 @@ def test_chunk_exchange_and_staging_with_local_durability_queue_at_the_spoke(out
     assert plane.read(repo, "main", "moved/cold.bin") == cold
 
     # An entry whose chunks nobody holds, with the hub up: 400, nothing queued or staged.
-    with pytest.raises(BadRequest, match="is not stored"):
+    with pytest.raises(ChunksMissing, match="is not stored") as refused:
         sp.stage(repo, "main", {"ghost.bin": file_entry([(b"\x01" * 32, 10)], "0" * 32)}, "local")
+    assert refused.value.missing == ["01" * 32]
     assert spoke.stats()["writeback_pending"] == 0
     assert "ghost.bin" not in {ch.path for ch in plane.uncommitted(repo, "main")}
     # Packs with a bad frame, or not packs at all: refused whole, nothing pinned.

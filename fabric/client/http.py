@@ -146,6 +146,8 @@ def raise_for_error(response: httpx.Response) -> None:
         raise errors.MergeConflict(message, details.get("conflicts", []))
     if code == "corruption":
         raise errors.Corruption(message)
+    if code == "chunks_missing":
+        raise errors.ChunksMissing(message, details.get("missing"))
     raise _BY_STATUS.get(response.status_code, errors.FabricError)(message, **details)
 
 

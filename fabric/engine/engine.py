@@ -25,7 +25,7 @@ from fabric.engine.metastore import CHUNKLIST, COMMIT, METARANGE, MetaStore
 from fabric.engine.reader import Reader, View, prefix_end
 from fabric.engine.refs import parse_ref
 from fabric.engine.tree import Trees
-from fabric.errors import BadRequest, Conflict, MergeConflict, NotFound, ObjectNotFound
+from fabric.errors import BadRequest, ChunksMissing, Conflict, MergeConflict, NotFound, ObjectNotFound
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
 from fabric.format.model import FILE, INLINE_CHUNKS, Commit, Entry, stored_ids
@@ -317,9 +317,10 @@ class Engine(DataPlane):
         if ids:
             lacking = self.chunks.missing(ids, owner=repo)
             if lacking:
-                raise BadRequest(
+                raise ChunksMissing(
                     f"{len(lacking)} chunk(s) referenced by the change are not stored for repository {repo!r} "
-                    f"(first {lacking[0].hex()}); upload them first"
+                    f"(first {lacking[0].hex()}); upload them first",
+                    [cid.hex() for cid in lacking],
                 )
 
     def _require_owned(self, repo: str, ids: Sequence[bytes]) -> None:

@@ -27,7 +27,7 @@ from fabric.api.s3.objects import ObjectHandlers, meta_from_headers
 from fabric.api.s3.request import Ctx, iso8601, owner_xml, xml_response
 from fabric.api.s3.transport import GatewayStats, Response
 from fabric.catalog.uploads import Upload, UploadStore
-from fabric.errors import BadRequest, FabricError, NotFound
+from fabric.errors import ChunksMissing, FabricError, NotFound
 from fabric.format.ingest import file_entry
 from fabric.plane.dataplane import DataPlane
 
@@ -258,10 +258,8 @@ class MultipartHandlers:
         entry = stored_entry(file_entry(chunks, etag, 0o644, time.time_ns(), meta), key.endswith("/"))
         try:
             self.objects.stage(ctx, up.repo, up.branch, up.path, key, entry)
-        except BadRequest as exc:
-            if "not stored for repository" in exc.message:
-                raise S3Error("InvalidPart", "parts of this upload are no longer stored (expired); upload them again", 400) from None
-            raise from_fabric(exc) from None
+        except ChunksMissing:
+            raise S3Error("InvalidPart", "parts of this upload are no longer stored (expired); upload them again", 400) from None
         except FabricError as exc:
             raise from_fabric(exc) from None
         self.uploads.complete(up, etag, entry.mtime_ns)
