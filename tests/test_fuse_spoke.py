@@ -7,15 +7,12 @@ import errno
 import hashlib
 import io
 import os
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
 from fabric.client.transfer import import_directory
-from fuse.mount import read_stats
 from tests.fuse_helpers import fabric, file_digest, mount_log, mounted, needs_fuse, slow_digest
 from tests.hubserver import unique_name
 from tests.spokeserver import start_restartable_hub, start_spoke, wait_for
@@ -122,84 +119,3 @@ def test_fsync_is_durable_at_the_level_the_mount_asked_while_the_hub_is_away(tmp
         assert plane.read(repo, "main", "after.bin") == b"the hub is back"
         paths = [p for p, _ in plane.walk(repo, "main")]
         assert "a.txt" not in paths and "ckpt/shard0.bin" in paths
-
-
-#: Writes a file through the mount, then fsyncs it when told: the test's own process must
-#: not hold it open, as each process it starts would close its copy (a FUSE flush, which
-#: syncs) while the servers are down.
-_HOLDING_WRITER = """
-import os, sys
-src, dst = sys.argv[1], sys.argv[2]
-fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-with open(src, "rb") as f:
-    os.write(fd, f.read())
-print("written", flush=True)
-sys.stdin.readline()
-try:
-    os.fsync(fd)
-    print("synced", flush=True)
-except OSError as exc:
-    print("errno", exc.errno, flush=True)
-os.close(fd)
-"""
-
-
-def _stream_idle(mountpoint: str):
-    """A predicate: the mount's streamed bytes stayed the same across two of its stats reports."""
-
-    def streamed() -> int:
-        try:
-            return read_stats(mountpoint)["streamed_writes"]["streamed_bytes"]
-        except FileNotFoundError:  # (written every second)
-            return -1
-
-    def idle() -> bool:
-        before = streamed()
-        time.sleep(1.1)
-        return before == streamed() >= 32 << 20
-
-    return idle
-
-
-@pytest.mark.timeout(300)
-def test_a_write_whose_chunks_a_restarted_spoke_lost_is_sent_again(tmp_path):
-    """The chunks of a file written through the mount reach the spoke while it is written; the
-    spoke is killed before they reach the hub and restarts without them (evicted: only chunks of
-    staged writes stay pinned across a restart). Staging at fsync finds them missing, and the
-    mount sends the file's content again instead of failing the fsync."""
-    with (
-        start_restartable_hub(tmp_path / "hub") as hub,
-        start_spoke(hub.url, tmp_path / "cache", "512MiB", token=hub.token, lease=1.0) as spoke,
-    ):
-        plane = hub.plane()
-        repo = unique_name("lost")
-        plane.create_repo(repo)
-        data = os.urandom(36 * 1024 * 1024)  # two packs of 16 MiB sent while written, the rest at fsync
-        src = tmp_path / "shard.bin"
-        src.write_bytes(data)
-        with mounted(spoke.url, hub.token, f"{repo}@main", tmp_path / "rw", "--rw", "--server-timeout", "60") as mnt:
-            hub.kill()  # the chunks cannot be sent on to the hub early
-            writer = subprocess.Popen(
-                [sys.executable, "-c", _HOLDING_WRITER, str(src), f"{mnt}/shard.bin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-            )
-            try:
-                assert writer.stdout.readline() == "written\n"
-                wait_for(lambda: spoke.stats()["cache_pinned_bytes"] >= 32 << 20, timeout=60, interval=0.1)  # (the tail goes at fsync)
-                wait_for(_stream_idle(mnt), timeout=60, interval=0.1)  # (no request of it in flight when the spoke dies)
-                spoke.kill()
-                lost = [p for p in (tmp_path / "cache" / "chunks").glob("??/*") if p.is_file()]
-                assert lost
-                for p in lost:
-                    p.unlink()
-                hub.start()
-                spoke.start()
-                writer.stdin.write("sync\n")
-                writer.stdin.flush()
-                assert writer.stdout.readline() == "synced\n"
-            finally:
-                writer.kill()
-                writer.wait()
-            assert "sending them again" in mount_log(str(tmp_path / "rw"))
-            assert file_digest(f"{mnt}/shard.bin") == hashlib.sha256(data).hexdigest()
-        fabric("--server", spoke.url, "commit", f"{repo}@main", "-m", "sent twice", token=hub.token)
-        assert plane.read(repo, "main", "shard.bin") == data
