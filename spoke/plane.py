@@ -703,7 +703,13 @@ class SpokePlane(DataPlane):
         self.ownership.learn(repo, ids)
 
     def chunk_sink(self, repo: str | None = None) -> PackSession:
-        """New chunks go to the hub (only those it lacks, for ``repo``) and into this spoke's cache."""
+        """Chunks of this process's own writers (the S3 gateway), kept at the spoke's durability:
+        at ``local`` and ``replicated`` pinned here (those not here yet) and sent on to the hub
+        early, as chunks uploaded to the spoke are; at ``hub`` sent to the hub (only those it
+        lacks, for ``repo``) and cached here."""
+        level = self._durability(None)
+        if repo is not None and level in QUEUED:
+            return PackSession(lambda ids: self.missing_chunks(ids, level, repo), lambda b: self._pin_pack(repo, b), UPLOAD_PACK_SIZE)
         return PackSession(
             lambda ids: self.upstream.missing_chunks(ids, repo=repo),
             lambda b: self._cache_pack(repo, b),
@@ -728,7 +734,16 @@ class SpokePlane(DataPlane):
         return self.upstream.list_buckets()
 
     def get_bucket(self, name: str) -> dict:
-        return self._answers.get(("bucket", name), lambda: self.upstream.get_bucket(name))
+        def fetch() -> dict | None:
+            try:
+                return self.upstream.get_bucket(name)
+            except NotFound:
+                return None  # remembered as well: while the hub is away, an unbound name stays unbound
+
+        info = self._answers.get(("bucket", name), fetch)
+        if info is None:
+            raise NotFound(f"no bucket is bound to the name {name!r}")
+        return info
 
     def create_bucket(
         self, name: str, repo: str, ref: str, created_by_s3: bool = False, owner: str | None = None

@@ -8,9 +8,10 @@ capped at that token's. A key is remembered per day and region, and kept in use
 while the hub is away. SigV2 signatures are keyed by the secret itself, so the
 spoke has the hub check each one: V2 requests (old tools, boto3's default
 presigned URLs) work while the hub is reachable, and are refused with an S3
-error while it is not. Bucket bindings and repository answers come from the
-SpokePlane, which remembers them too, so reads of cached data do not contact
-the hub.
+error while it is not. Bucket bindings (and that a name is not bound) and
+repository answers come from the SpokePlane, which remembers them too, so reads
+of cached data do not contact the hub; writes keep their chunks at the spoke's
+durability (:meth:`SpokePlane.chunk_sink`).
 """
 
 from __future__ import annotations
