@@ -260,10 +260,11 @@ def _stream_idle(mountpoint: str):
 
 @needs_fuse
 def test_a_write_whose_chunks_a_restarted_spoke_lost_is_sent_again(tmp_path):
-    """Seed 7 (30 min run): fsync failed with EINVAL on a --rw mount. The chunks of a file written through the mount reach the spoke while it is written; the
-    spoke is killed before they reach the hub and restarts without them (evicted: only chunks of
-    staged writes stay pinned across a restart). Staging at fsync found them missing (400); now the
-    mount sends the file's content again instead of failing the fsync."""
+    """Seed 7 (30 min run): fsync failed with EINVAL on a --rw mount. The chunks of a file
+    written through the mount reach the spoke while it is written; the spoke is killed before
+    they reach the hub and restarts without them (evicted: only chunks of staged writes stay
+    pinned across a restart). Staging at fsync found them missing (400); now the mount sends
+    the file's content again instead of failing the fsync."""
     with (
         start_restartable_hub(tmp_path / "hub") as hub,
         start_spoke(hub.url, tmp_path / "cache", "512MiB", token=hub.token, lease=1.0) as spoke,
