@@ -515,7 +515,7 @@ class SpokePlane(DataPlane):
             return entry
         try:
             with self.traffic.purpose(PUSH):
-                sink = self.chunk_sink(repo)
+                sink = self._hub_sink(repo)
                 chunks, md5 = ingest_stream(stream, sink)
                 sink.close()
                 entry = file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
@@ -710,6 +710,10 @@ class SpokePlane(DataPlane):
         level = self._durability(None)
         if repo is not None and level in QUEUED:
             return PackSession(lambda ids: self.missing_chunks(ids, level, repo), lambda b: self._pin_pack(repo, b), UPLOAD_PACK_SIZE)
+        return self._hub_sink(repo)
+
+    def _hub_sink(self, repo: str | None) -> PackSession:
+        """New chunks go to the hub (only those it lacks, for ``repo``) and into this spoke's cache."""
         return PackSession(
             lambda ids: self.upstream.missing_chunks(ids, repo=repo),
             lambda b: self._cache_pack(repo, b),

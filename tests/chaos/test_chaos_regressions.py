@@ -97,6 +97,13 @@ def test_a_local_durability_spoke_takes_s3_writes_while_the_hub_is_away(tmp_path
             )
             s3.put_object(Bucket=repo, Key="main/a", Body=b"before")
             assert s3.get_object(Bucket=repo, Key="main/a")["Body"].read() == b"before"  # (the branch seen here)
+            # A REST write that asks for hub durability still goes to the hub first.
+            at_hub = os.urandom(2 * 1024 * 1024)
+            with spoke.client() as c:
+                r = c.put(f"/api/v1/repos/{repo}/branches/main/objects", params={"path": "h"}, content=at_hub,
+                          headers={"X-Fabric-Durability": "hub", "Content-Type": "application/octet-stream"})
+                assert r.status_code in (200, 201), r.text
+            assert hub.plane().read(repo, "main", "h") == at_hub
             hub.kill()
             time.sleep(3)  # past the gateway's own bucket cache
             body = os.urandom(3 * 1024 * 1024)
