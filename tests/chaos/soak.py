@@ -125,7 +125,7 @@ class Soak:
         dep = Deployment(hubs, [], admin, [os.path.join(wd, n) for n in names], db, store)
         plane = HttpPlane(hubs[0].url, admin)
         plane.create_repo(REPO)
-        for b in ("mw", "s3", "rc0", "rc1"):
+        for b in ("mw", "s3", "rc0", "rc1", "rc2"):
             plane.create_branch(REPO, b, "main")
         plane.create_repo(VICTIM)
         rng = random.Random(cfg.seed ^ 0x51C7)
@@ -209,6 +209,8 @@ class Soak:
                 RestCommitter("rc0", led, s * 100 + 1, stop_clients, [h.url for h in dep.hubs], self.client_token, "rc0",
                               "hub", "hub"),
                 RestCommitter("rc1", led, s * 100 + 2, stop_clients, b.proc.url, self.client_token, "rc1", "local", "spoke-b"),
+                # (copied to spoke-b before it is acknowledged; refused with 503 while spoke-b is down)
+                RestCommitter("rc2", led, s * 100 + 7, stop_clients, a.proc.url, self.client_token, "rc2", "replicated", "spoke-a"),
                 S3Client("s3", led, s * 100 + 3, stop_clients, a.s3_url, self.client_creds, "s3", "spoke-a"),
             ]
             if cfg.mounts:
