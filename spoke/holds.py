@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
 import time
@@ -17,9 +18,11 @@ class Holds:
         self._lock = threading.Lock()
         self._batches: collections.deque[tuple[float, list[bytes]]] = collections.deque()  # (ends, ids), in time order
 
-    def add(self, ids: Iterable[bytes]) -> None:
+    def add(self, ids: Iterable[bytes], seconds: float | None = None) -> None:
+        """Hold ``ids`` for ``seconds`` (default: this holder's) from now."""
+        ends = time.monotonic() + (self.seconds if seconds is None else seconds)
         with self._lock:
-            self._batches.append((time.monotonic() + self.seconds, list(ids)))
+            bisect.insort(self._batches, (ends, list(ids)), key=lambda batch: batch[0])
 
     def expired(self) -> list[bytes]:
         now = time.monotonic()

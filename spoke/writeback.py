@@ -33,7 +33,10 @@ cache's pinned budget is free for the next writes: a writer that fills the
 budget waits for the push (back-pressure, see ``SpokePlane.full_wait``), at
 the pace of the link. Chunks not sent on early stay pinned for
 ``upload_hold`` seconds waiting for the entries that use them; a client that
-never stages them (it crashed) does not keep them pinned for longer.
+never stages them (it crashed) does not keep them pinned for longer. Chunks sent
+on early are recorded in ``writeback.db`` (table ``early``) until they reach the
+hub or their hold ends, so a restarted spoke pins them again and sends them on:
+a client that uploaded them before the restart can still stage them.
 """
 
 from __future__ import annotations
@@ -91,6 +94,12 @@ class WriteBack:
         for column, kind in _COLUMNS.items():
             if column not in have:  # a queue written by an older spoke
                 self._db.execute(f"ALTER TABLE ops ADD COLUMN {column} {kind}")
+        # Chunks sent on early and not at the hub yet, with when their hold ends (wall clock):
+        # pinned again, and sent on, after a restart.
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS early (repo TEXT NOT NULL, chunk BLOB NOT NULL, until REAL NOT NULL, "
+            "PRIMARY KEY (repo, chunk))"
+        )
         self._queued = self._db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
         self._parked = self._db.execute("SELECT COUNT(*) FROM ops WHERE parked IS NOT NULL").fetchone()[0]
         self._stop = threading.Event()
@@ -98,17 +107,31 @@ class WriteBack:
         self._early: collections.deque[tuple[str, bytes]] = collections.deque()  # (repo, chunk id)
         self._holds = Holds(upload_hold)  # chunks sent on early, waiting for their entries
         self._retry_at: dict[Branch | None, tuple[float, float]] = {}  # branch (None: early chunks) -> (when, backoff)
+        self._load_early()
         self.early_sent = 0
         self.landed = 0
         self.superseded = 0
         self.last_error: str | None = None
 
     # -- start-up ------------------------------------------------------------
+    def _load_early(self) -> None:
+        """The chunks sent on early before a restart that had not reached the hub: sent on
+        again, held for what is left of their hold (those whose hold ended are forgotten)."""
+        now = time.time()
+        with sqlite.transaction(self._db) as cur:
+            cur.execute("DELETE FROM early WHERE until <= ?", (now,))
+            rows = cur.execute("SELECT repo, chunk, until FROM early ORDER BY until").fetchall()
+        for repo, chunk, until in rows:
+            self._early.append((repo, bytes(chunk)))
+            self._holds.add([bytes(chunk)], until - now)
+
     def pinned_chunks(self) -> set[bytes]:
-        """Chunk ids that queued writes need (pinned in the cache across restarts)."""
+        """Chunk ids that queued writes need, or that were sent on early and are not at the hub
+        yet (pinned in the cache across restarts)."""
         out: set[bytes] = set()
         with self._lock:
             rows = self._db.execute("SELECT entry FROM ops WHERE entry IS NOT NULL").fetchall()
+            out.update(bytes(c) for (c,) in self._db.execute("SELECT chunk FROM early").fetchall())
         for (enc,) in rows:
             out.update(stored_ids(Entry.decode(enc).chunks))
         return out
@@ -146,10 +169,13 @@ class WriteBack:
         """Push these just uploaded, pinned chunks of ``repo`` to the hub as soon as it can
         take them, before any entry that uses them is queued (best effort: one that is gone
         from the cache is skipped), and hold their pins for ``upload_hold`` seconds."""
-        self._holds.add(ids)
+        until = time.time() + self.upload_hold
         with self._wake:
+            with sqlite.transaction(self._db) as cur:
+                cur.executemany("INSERT OR REPLACE INTO early (repo, chunk, until) VALUES (?, ?, ?)", [(repo, cid, until) for cid in ids])
             self._early.extend((repo, cid) for cid in ids)
             self._wake.notify_all()
+        self._holds.add(ids)
 
     def pending(self, repo: str, branch: str) -> dict[str, bytes | None]:
         """Queued writes of a branch (parked ones too), latest per path (no query while nothing is queued)."""
@@ -413,7 +439,18 @@ class WriteBack:
 
     def _release_expired_holds(self) -> None:
         """Unpin uploaded chunks whose hold ended and that no queued write needs."""
-        self._unpin_unneeded(self._holds.expired())
+        expired = self._holds.expired()
+        if expired:
+            self._forget_early_rows(None, expired)
+        self._unpin_unneeded(expired)
+
+    def _forget_early_rows(self, repo: str | None, ids: Sequence[bytes]) -> None:
+        """Drop the records of early chunks (of ``repo``, or of any repository)."""
+        with self._lock, sqlite.transaction(self._db) as cur:
+            if repo is None:
+                cur.executemany("DELETE FROM early WHERE chunk = ?", [(cid,) for cid in ids])
+            else:
+                cur.executemany("DELETE FROM early WHERE repo = ? AND chunk = ?", [(repo, cid) for cid in ids])
 
     def _send_early_batch(self) -> None:
         with self._lock:
@@ -429,17 +466,21 @@ class WriteBack:
         except FabricError as exc:
             if is_permanent(exc):  # best effort: their entries, when queued, push them again
                 log.warning("write-back: %d chunk(s) not sent on early: %s", len(batch), exc.message)
-                with self._lock:
-                    for _ in batch:
-                        self._early.popleft()
+                self._done_early(by_repo, len(batch))
             raise
-        with self._lock:
-            for _ in batch:
-                self._early.popleft()
+        self._done_early(by_repo, len(batch))
         self.early_sent += sent
         # At the hub now (whose gc spares new chunks for hours): they need not hold room among
         # the pinned bytes, which a writer may be waiting for. A queued entry keeps its own pinned.
         self._unpin_unneeded(cid for _, cid in batch)
+
+    def _done_early(self, by_repo: dict[str, list[bytes]], n: int) -> None:
+        """The first ``n`` early chunks (``by_repo``) are at the hub, or never will be sent early."""
+        for repo, ids in by_repo.items():
+            self._forget_early_rows(repo, ids)
+        with self._lock:
+            for _ in range(n):
+                self._early.popleft()
 
     def _push_chunks(self, repo: str, ids: list[bytes], skip_absent: bool = False) -> int:
         """Upload the chunks of ``ids`` the hub lacks as chunks of ``repo``, from the cache;

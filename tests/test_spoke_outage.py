@@ -282,10 +282,22 @@ def test_chunk_exchange_and_staging_with_local_durability_queue_at_the_spoke(out
     assert sp.read(repo, "main", "new.bin") == new
     assert [p for p, _ in sp.walk(repo, "main")] == ["moved/cold.bin", "new.bin"]
 
+    # Uploaded, not staged yet: its chunks are pinned waiting for their entry, across a restart too.
+    later = random_bytes(2_000_000, 16)
+    pinned = spoke.stats()["cache_pinned_bytes"]
+    later_entry = _local_upload(sp, repo, later)
+    later_ids = [cid for cid, _ in later_entry.chunks]
+    assert spoke.stats()["cache_pinned_bytes"] > pinned
+    pinned = spoke.stats()["cache_pinned_bytes"]
+
     spoke.restart(kill=True)  # queued writes and their pinned chunks survive kill -9
     assert sp.read(repo, "main", "new.bin") == new
+    assert spoke.stats()["cache_pinned_bytes"] == pinned
     hub.start()
     wait_for(lambda: spoke.stats()["writeback_pending"] == 0, timeout=45, interval=0.2)
+    # ... and are sent on to the hub by themselves, then unpinned.
+    wait_for(lambda: plane.missing_chunks(later_ids, repo=repo) == [], timeout=45, interval=0.2)
+    wait_for(lambda: spoke.stats()["cache_pinned_bytes"] == 0, timeout=30, interval=0.2)
     changes = {ch.path: ch.kind for ch in plane.uncommitted(repo, "main")}
     assert changes == {"new.bin": "added", "cold.bin": "removed", "moved/cold.bin": "added", "keep.bin": "removed"}
     assert plane.read(repo, "main", "new.bin") == new
