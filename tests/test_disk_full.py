@@ -58,3 +58,35 @@ def test_pinning_on_a_full_disk_is_storage_full_and_pins_nothing(tmp_path) -> No
         cache.close()
     finally:
         subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def test_a_shared_connection_on_a_full_database_is_storage_full(tmp_path) -> None:
+    db = sqlite.SharedConnection(str(tmp_path / "db.sqlite"), "normal", "CREATE TABLE IF NOT EXISTS t (v BLOB);")
+    db.execute("PRAGMA max_page_count = 20")
+    with pytest.raises(StorageFull, match="full"):
+        for _ in range(100):
+            db.execute("INSERT INTO t VALUES (?)", (os.urandom(4 * KiB),))
+
+
+def test_a_spoke_whose_state_disk_is_full_still_answers_and_keeps_what_fits(tmp_path) -> None:
+    """Soak seed 7 (30 min): a commit through spoke-a succeeded at the hub, then answered 500,
+    because recording the branch's new head in the spoke's state.db found the disk full. That
+    state is a cache of the hub's answers: its writes are skipped (logged), never the request's
+    failure. A token verdict the hub withdrew is the exception: forgetting it is never skipped."""
+    from spoke.state import SpokeState
+
+    state = SpokeState(str(tmp_path))
+    state.save_ref("r", "branch", "main", "c0")
+    state.save_token("h", {"name": "t"})
+    state._db.execute("PRAGMA max_page_count = 1")  # nothing more fits
+    for i in range(50):
+        state.save_ref("r", "branch", f"b{i}", "c" * 64)
+        state.add_commit("r", f"{i:064x}")
+        state.save_staging("r", f"b{i}", "c" * 64, i, {"p": os.urandom(4 * KiB)}, replace=False)
+    assert state.skipped_writes > 0
+    assert ("r", "branch", "main", "c0") in state.refs()  # what was recorded before is intact
+    state._db.execute("PRAGMA max_page_count = 100000")
+    state.save_ref("r", "branch", "later", "c1")
+    assert ("r", "branch", "later", "c1") in state.refs()
+    state.save_token("h", None)
+    assert state.tokens() == {}

@@ -73,9 +73,14 @@ def transaction(conn: sqlite3.Connection, write: bool = True) -> Iterator[sqlite
     except BaseException as exc:
         if conn.in_transaction:
             cur.execute("ROLLBACK")
-        if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode == sqlite3.SQLITE_FULL:
-            raise StorageFull(f"the disk holding a database is full: {exc}") from exc
+        _raise_full(exc)
         raise
+
+
+def _raise_full(exc: BaseException) -> None:
+    """StorageFull for SQLite's ``SQLITE_FULL`` (a full disk, or a database at its size limit)."""
+    if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode == sqlite3.SQLITE_FULL:
+        raise StorageFull(f"the disk holding a database is full: {exc}") from exc
 
 
 def _retry_locked(statement: Callable[[], object]) -> None:
@@ -108,9 +113,13 @@ class SharedConnection:
         self._lock = threading.Lock()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        """Run one statement (committed on its own) and return its rows."""
+        """Run one statement (committed on its own) and return its rows; StorageFull on a full disk."""
         with self._lock:
-            return self._conn.execute(sql, params).fetchall()
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.OperationalError as exc:
+                _raise_full(exc)
+                raise
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Cursor]:
