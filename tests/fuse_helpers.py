@@ -157,17 +157,32 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
+_SLOW_DIGEST = """
+import hashlib, sys, time
+path, slow_for = sys.argv[1], float(sys.argv[2])
+h = hashlib.sha256()
+t0 = time.monotonic()
+with open(path, "rb", buffering=0) as f:
+    while piece := f.read(1 << 20):
+        h.update(piece)
+        if time.monotonic() - t0 < slow_for:
+            time.sleep(0.03)
+print(h.hexdigest())
+"""
+
+
 def slow_digest(path: str, slow_for: float) -> str:
     """SHA-256 of a file read sequentially in 1 MiB reads, pausing 30 ms between reads for
-    the first ``slow_for`` seconds (so that a server restart lands in the middle of the read)."""
-    h = hashlib.sha256()
-    t0 = time.monotonic()
-    with open(path, "rb", buffering=0) as f:
-        while piece := f.read(1 << 20):
-            h.update(piece)
-            if time.monotonic() - t0 < slow_for:
-                time.sleep(0.03)
-    return h.hexdigest()
+    the first ``slow_for`` seconds (so that a server restart lands in the middle of the read).
+
+    The read runs in a child process: a server the test restarts meanwhile is started by a
+    fork of the test's process, whose copy of an open descriptor on the mount would be closed
+    at exec, a FUSE flush that waits for a mount thread, and every thread of the mount may be
+    waiting for that very server."""
+    done = subprocess.run([sys.executable, "-c", _SLOW_DIGEST, path, str(slow_for)], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise OSError(f"reading {path} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    return done.stdout.strip()
 
 
 def snapshot(root: str, content: bool = True, mtimes: bool = True, dirs: bool = True) -> dict[str, tuple]:
