@@ -9,6 +9,8 @@ can, what to do about it.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -41,21 +43,21 @@ class PayloadTooLarge(BadRequest):
     code = "payload_too_large"
 
 
+#: How many missing chunk ids a ChunksMissing names.
+MISSING_LISTED = 16
+
+
 class ChunksMissing(BadRequest):
     """Entries name chunks the server does not hold for the repository: upload them, then stage
     again. A writer that uploaded them before may see this when the server lost them meanwhile
     (a spoke restarted and evicted them before they reached the hub); ``missing`` lists the
-    first of their ids (hex)."""
+    first :data:`MISSING_LISTED` of their ids (hex)."""
 
     code = "chunks_missing"
 
-    def __init__(self, message: str, missing: list[str] | None = None) -> None:
-        super().__init__(message, missing=list(missing or [])[:MISSING_LISTED])
-        self.missing = self.details["missing"]
-
-
-#: How many missing chunk ids a ChunksMissing names.
-MISSING_LISTED = 16
+    def __init__(self, message: str, missing: Iterable[str] = ()) -> None:
+        super().__init__(message, missing=list(itertools.islice(missing, MISSING_LISTED)))
+        self.missing: list[str] = self.details["missing"]
 
 
 class InvalidName(BadRequest):

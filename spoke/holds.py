@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import collections
 import threading
 import time
@@ -19,10 +18,12 @@ class Holds:
         self._batches: collections.deque[tuple[float, list[bytes]]] = collections.deque()  # (ends, ids), in time order
 
     def add(self, ids: Iterable[bytes], seconds: float | None = None) -> None:
-        """Hold ``ids`` for ``seconds`` (default: this holder's) from now."""
-        ends = time.monotonic() + (self.seconds if seconds is None else seconds)
+        """Hold ``ids`` for ``seconds`` (default: this holder's, at most it) from now. Batches
+        must end in the order they are added (holds taken over from before a restart, whose
+        remains are shorter, come first)."""
+        ends = time.monotonic() + (self.seconds if seconds is None else min(seconds, self.seconds))
         with self._lock:
-            bisect.insort(self._batches, (ends, list(ids)), key=lambda batch: batch[0])
+            self._batches.append((ends, list(ids)))
 
     def expired(self) -> list[bytes]:
         now = time.monotonic()

@@ -599,7 +599,7 @@ class SpokePlane(DataPlane):
                 raise ChunksMissing(
                     f"chunk {lost[0].hex()} ({len(lost)} in all) is not stored for repository {repo!r}: "
                     "upload it before staging entries that use it",
-                    [cid.hex() for cid in lost],
+                    (cid.hex() for cid in lost),
                 )
             self.ownership.learn(repo, unknown)
         for cid in needed:

@@ -441,16 +441,9 @@ class WriteBack:
         """Unpin uploaded chunks whose hold ended and that no queued write needs."""
         expired = self._holds.expired()
         if expired:
-            self._forget_early_rows(None, expired)
+            with self._lock, sqlite.transaction(self._db) as cur:
+                cur.executemany("DELETE FROM early WHERE chunk = ?", [(cid,) for cid in expired])
         self._unpin_unneeded(expired)
-
-    def _forget_early_rows(self, repo: str | None, ids: Sequence[bytes]) -> None:
-        """Drop the records of early chunks (of ``repo``, or of any repository)."""
-        with self._lock, sqlite.transaction(self._db) as cur:
-            if repo is None:
-                cur.executemany("DELETE FROM early WHERE chunk = ?", [(cid,) for cid in ids])
-            else:
-                cur.executemany("DELETE FROM early WHERE repo = ? AND chunk = ?", [(repo, cid) for cid in ids])
 
     def _send_early_batch(self) -> None:
         with self._lock:
@@ -466,20 +459,20 @@ class WriteBack:
         except FabricError as exc:
             if is_permanent(exc):  # best effort: their entries, when queued, push them again
                 log.warning("write-back: %d chunk(s) not sent on early: %s", len(batch), exc.message)
-                self._done_early(by_repo, len(batch))
+                self._done_early(batch)
             raise
-        self._done_early(by_repo, len(batch))
+        self._done_early(batch)
         self.early_sent += sent
         # At the hub now (whose gc spares new chunks for hours): they need not hold room among
         # the pinned bytes, which a writer may be waiting for. A queued entry keeps its own pinned.
         self._unpin_unneeded(cid for _, cid in batch)
 
-    def _done_early(self, by_repo: dict[str, list[bytes]], n: int) -> None:
-        """The first ``n`` early chunks (``by_repo``) are at the hub, or never will be sent early."""
-        for repo, ids in by_repo.items():
-            self._forget_early_rows(repo, ids)
+    def _done_early(self, batch: list[tuple[str, bytes]]) -> None:
+        """The first early chunks, ``batch``, are at the hub, or never will be sent early."""
         with self._lock:
-            for _ in range(n):
+            with sqlite.transaction(self._db) as cur:
+                cur.executemany("DELETE FROM early WHERE repo = ? AND chunk = ?", batch)
+            for _ in batch:
                 self._early.popleft()
 
     def _push_chunks(self, repo: str, ids: list[bytes], skip_absent: bool = False) -> int:

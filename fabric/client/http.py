@@ -147,7 +147,7 @@ def raise_for_error(response: httpx.Response) -> None:
     if code == "corruption":
         raise errors.Corruption(message)
     if code == "chunks_missing":
-        raise errors.ChunksMissing(message, details.get("missing"))
+        raise errors.ChunksMissing(message, details.get("missing") or ())
     raise _BY_STATUS.get(response.status_code, errors.FabricError)(message, **details)
 
 

@@ -320,7 +320,7 @@ class Engine(DataPlane):
                 raise ChunksMissing(
                     f"{len(lacking)} chunk(s) referenced by the change are not stored for repository {repo!r} "
                     f"(first {lacking[0].hex()}); upload them first",
-                    [cid.hex() for cid in lacking],
+                    (cid.hex() for cid in lacking),
                 )
 
     def _require_owned(self, repo: str, ids: Sequence[bytes]) -> None:
