@@ -9,6 +9,7 @@ import io
 import os
 import posixpath
 import random
+import time
 
 import fsspec
 import pytest
@@ -298,9 +299,16 @@ def test_a_file_being_written_is_at_the_server_before_it_is_closed(hub: Hub, adm
         for i in range(0, len(data), 1024 * 1024):
             f.write(data[i : i + 1024 * 1024])
         f._fed()  # (the block in flight)
-        missing = set(plane.missing_chunks([cid for cid, _ in chunks], repo=repo))
-        held = sum(n for cid, n in chunks if cid not in missing)
-        assert held >= 16 * 1024 * 1024  # every full block but the last chunk, before close
+
+        def held() -> int:
+            missing = set(plane.missing_chunks([cid for cid, _ in chunks], repo=repo))
+            return sum(n for cid, n in chunks if cid not in missing)
+
+        # The sink uploads in the background: every full pack (16 MiB) arrives before close.
+        deadline = time.monotonic() + 30
+        while held() < 16 * 1024 * 1024:
+            assert time.monotonic() < deadline, f"only {held()} bytes at the server before close"
+            time.sleep(0.05)
         assert not list(plane.uncommitted(repo, "main"))  # staged only on close
     entry = plane.stat_chunks(repo, "main", "shard.bin")
     assert list(entry.chunks) == chunks and entry.md5 == hashlib.md5(data).hexdigest()

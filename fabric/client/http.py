@@ -3,7 +3,8 @@
 ``HttpPlane(url, token)`` implements :class:`~fabric.plane.dataplane.DataPlane`, so the
 CLI, import/export and any library code run unchanged against a remote
 server. Imports chunk locally and send only the chunks the server lacks
-(a :class:`~fabric.format.ingest.PackSession` that uploads packs).
+(a :class:`~fabric.client.upload.PipelinedSink`, which asks and uploads packs in background
+threads, so a round trip never stalls the reading).
 
 ``url`` may be a comma-separated list of servers of one fabric, nearest first (the spokes
 of a region, then the hub): requests go to the nearest healthy one and move to the next
@@ -50,7 +51,7 @@ from fabric.plane.wire import (
 from fabric.util.progress import Progress
 
 if TYPE_CHECKING:
-    from fabric.format.ingest import PackSession
+    from fabric.client.upload import PipelinedSink
 
 #: Packs sent over the network are smaller than stored ones, so a failed upload costs less.
 UPLOAD_PACK_SIZE = 16 * 1024 * 1024
@@ -131,6 +132,19 @@ def _hint_batches(paths: Sequence[str]) -> Iterator[list[str]]:
         batch.append(path)
         size += n
     yield batch
+
+
+class _Body:
+    """A request body that can be let go of once sent. httpx's request, response and connection
+    objects refer to each other in a cycle, which only the cycle collector frees, and ``fabric
+    import`` turns that off while it runs (:mod:`fabric.cli.transfer_cmd`): a pack (16 MiB)
+    given as ``bytes`` would stay in memory, with every other one, until the process ends."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self.data
 
 
 def raise_for_error(response: httpx.Response) -> None:
@@ -534,9 +548,17 @@ class HttpPlane(DataPlane):
         return out
 
     def receive_pack(self, data: bytes, durability: str | None = None, repo: str | None = None) -> tuple[int, int]:
-        headers = {"Content-Type": "application/octet-stream", **durability_header(durability)}
-        # Chunks are content-addressed: a pack sent twice stores nothing twice.
-        r = self._slow_json("POST", "/chunks/packs", content=data, headers=headers, params=_scope(repo), repeatable=True)
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(len(data)),
+            **durability_header(durability),
+        }
+        body = _Body(data)
+        try:
+            # Chunks are content-addressed: a pack sent twice stores nothing twice.
+            r = self._slow_json("POST", "/chunks/packs", content=body, headers=headers, params=_scope(repo), repeatable=True)
+        finally:
+            body.data = b""
         return r["chunks"], r["new"]
 
     def share_chunks(self, source_repo: str, repo: str, ids: Sequence[bytes]) -> None:
@@ -599,11 +621,12 @@ class HttpPlane(DataPlane):
         body = msgpack.unpackb(response.content, raw=False)
         return body["head"], body["seq"], [(p, e) for p, e in body["entries"]]
 
-    def chunk_sink(self, repo: str | None = None) -> PackSession:
-        """New chunks go up as packs of only the frames the server lacks (for ``repo``)."""
-        from fabric.format.ingest import PackSession  # chunker, hashes, zstd: only for writes (cheap CLI start-up)
+    def chunk_sink(self, repo: str | None = None) -> PipelinedSink:
+        """New chunks go up as packs of only the frames the server lacks (for ``repo``), asked
+        and uploaded in background threads (see :mod:`fabric.client.upload`)."""
+        from fabric.client.upload import PipelinedSink  # chunker, hashes, zstd: only for writes (cheap CLI start-up)
 
-        return PackSession(
+        return PipelinedSink(
             lambda ids: self.missing_chunks(ids, repo=repo),
             lambda b: self.receive_pack(b.finish(), repo=repo),
             UPLOAD_PACK_SIZE,

@@ -1,0 +1,151 @@
+"""A chunk sink for a server across a link: the caller's thread never waits on a round trip.
+
+A :class:`~fabric.format.ingest.PackSession` asks the destination which chunks it
+lacks and uploads full packs in the thread that adds them. Over a WAN that puts
+every question (one round trip) and every pack upload (round trip plus the pack's
+time on the link) in series with reading and hashing the files: at 50 ms RTT a
+1.3 GiB import waited about 8 s on questions alone.
+
+:class:`PipelinedSink` takes the chunks offered to it in batches and hands each
+batch to a few background threads, which ask the question, frame (compress) the
+chunks the server lacks and upload the packs, while the caller reads on. Memory is
+bounded: at most :data:`DEPTH` batches of :data:`BATCH_BYTES` are held, and a
+caller that gets further ahead waits for a batch to finish. The first error of a
+background batch is raised by the next :meth:`~PipelinedSink.add` or by
+:meth:`~PipelinedSink.close`; nothing is committed by a sink, so a failed import
+leaves the branch as it was.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from fabric.format import packs
+from fabric.format.ingest import PackSession
+
+#: Raw bytes of chunks per background batch (one question to the server each).
+BATCH_BYTES = 8 * 1024 * 1024
+#: Batches in flight at once: while one thread uploads a pack, others ask and compress.
+DEPTH = 3
+
+
+class PipelinedSink:
+    """A :class:`~fabric.format.ingest.ChunkSink` that asks and uploads in background threads.
+
+    :meth:`filter_new` answers without asking the server: every id this sink has not
+    been offered yet counts as new, and :meth:`add` queues its bytes; the background
+    batch then asks the server and sends only what it lacks. The counters
+    (``new_chunks``, ``new_bytes``, ``stored_bytes``) count chunks actually sent, and
+    are final once :meth:`close` returns. Safe to use from many threads.
+    """
+
+    def __init__(
+        self,
+        missing: Callable[[Sequence[bytes]], list[bytes]],
+        deliver: Callable[[packs.PackBuilder], None],
+        pack_size: int,
+        batch_bytes: int = BATCH_BYTES,
+        depth: int = DEPTH,
+    ) -> None:
+        self._session = PackSession(missing, deliver, pack_size)
+        self._batch_bytes = batch_bytes
+        self._depth = depth
+        self._lock = threading.Lock()
+        self._offered: set[bytes] = set()
+        self._batch: list[tuple[bytes, bytes]] = []
+        self._pending = 0
+        self._slots = threading.BoundedSemaphore(depth)
+        self._pool: ThreadPoolExecutor | None = None
+        self._running: set[Future[None]] = set()
+        self._error: BaseException | None = None
+
+    @property
+    def new_chunks(self) -> int:
+        return self._session.new_chunks
+
+    @property
+    def new_bytes(self) -> int:
+        return self._session.new_bytes
+
+    @property
+    def stored_bytes(self) -> int:
+        return self._session.stored_bytes
+
+    def filter_new(self, ids: Sequence[bytes]) -> set[bytes]:
+        with self._lock:
+            new = {cid for cid in ids if cid not in self._offered}
+            self._offered.update(new)
+        return new
+
+    def add(self, cid: bytes, raw: bytes | memoryview) -> None:
+        self._raise_error()
+        with self._lock:
+            self._batch.append((cid, bytes(raw)))  # the caller may reuse its buffer
+            self._pending += len(raw)
+            batch = self._take_batch() if self._pending >= self._batch_bytes else None
+        if batch:
+            self._dispatch(batch)
+
+    def close(self) -> None:
+        with self._lock:
+            batch = self._take_batch()
+        if batch:
+            self._dispatch(batch)
+        try:
+            for future in list(self._running):
+                future.exception()  # waits; the error is kept by the callback
+            self._raise_error()
+            self._session.close()
+        finally:
+            self._shutdown()
+
+    def __enter__(self) -> PipelinedSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self._shutdown()
+
+    def _take_batch(self) -> list[tuple[bytes, bytes]]:
+        batch, self._batch, self._pending = self._batch, [], 0
+        return batch
+
+    def _dispatch(self, batch: list[tuple[bytes, bytes]]) -> None:
+        self._slots.acquire()  # bounds the bytes held: the caller waits for a batch to finish
+        try:
+            self._raise_error()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._depth, thread_name_prefix="fabric-upload")
+            future = self._pool.submit(self._send, batch)
+        except BaseException:
+            self._slots.release()
+            raise
+        with self._lock:
+            self._running.add(future)
+        future.add_done_callback(self._finished)
+
+    def _send(self, batch: list[tuple[bytes, bytes]]) -> None:
+        new = self._session.filter_new([cid for cid, _ in batch])
+        for cid, data in batch:
+            if cid in new:
+                self._session.add(cid, data)
+
+    def _finished(self, future: Future[None]) -> None:
+        with self._lock:
+            self._running.discard(future)
+            if self._error is None and not future.cancelled() and future.exception() is not None:
+                self._error = future.exception()
+        self._slots.release()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _shutdown(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
