@@ -24,13 +24,44 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fabric.format.model import DIR, FILE, Entry
 from fabric.format.namespace import visible
 from fabric.plane.retry import RetryingPlane, ServerGone
 
 LIST_PAGE = 10_000
+#: Opens remembered per sibling order: a scan by two readers in parallel (interleaved) is still one.
+RECENT_OPENS = 2
+
+
+@dataclass
+class SiblingOrder:
+    """A directory's files in one order, and how far a reader going through them got."""
+
+    names: list[str]
+    index: dict[str, int] = field(init=False)
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_OPENS))  # positions opened last
+    prefetched_to: int = -1  # the last position whose chunks were asked for
+    score: float = 0.0  # how often opens continued this order lately (0 to 1)
+
+    def __post_init__(self) -> None:
+        self.index = {n: i for i, n in enumerate(self.names)}
+
+    def opened(self, name: str) -> bool:
+        """Note an open of ``name``; whether it continues this order: the file before it was
+        among the last few opened (readers in parallel interleave), or it lies in the window
+        already fetched ahead."""
+        i = self.index.get(name)
+        if i is None:
+            return False
+        continued = (i - 1) in self.recent or i <= self.prefetched_to
+        self.recent.append(i)
+        self.score = 0.75 * self.score + (0.25 if continued else 0.0)
+        return continued
 
 
 @dataclass
@@ -41,29 +72,33 @@ class Dir:
     loaded_at: float
     #: Names whose file or symlink a directory of the same name shadows (hidden from the view).
     shadowed: frozenset[str] = frozenset()
-    # Sibling readahead for small files: sorted file names, index of each, opens seen.
-    _files: list[str] | None = None
-    _index: dict[str, int] | None = None
-    recent: set[int] = field(default_factory=set)
-    prefetched_to: int = -1
+    #: Sibling readahead: the directory's files in each order a reader may go through them.
+    _orders: dict[str, SiblingOrder] = field(default_factory=dict)
 
-    def files(self) -> tuple[list[str], dict[str, int]]:
-        if self._files is None:
-            names = sorted(n for n, e in list(self.children.items()) if e.kind == FILE)
-            self._files = names
-            self._index = {n: i for i, n in enumerate(names)}
-        assert self._index is not None
-        return self._files, self._index
+    def order(self, name: str, key: Callable[[str], Any] | None = None) -> SiblingOrder:
+        """The files in the order ``name``, sorted by ``key`` of their names (by name if None);
+        computed once until the directory changes."""
+        order = self._orders.get(name)
+        if order is None:
+            files = [n for n, e in list(self.children.items()) if e.kind == FILE]
+            order = self._orders[name] = SiblingOrder(sorted(files, key=key))
+        return order
 
     _subdirs: int | None = None
 
     def changed(self) -> None:
-        self._files = self._index = self._subdirs = None
+        self._orders = {}
+        self._subdirs = None
 
     def subdirs(self) -> int:
         if self._subdirs is None:
             self._subdirs = sum(1 for e in list(self.children.values()) if e.kind == DIR)
         return self._subdirs
+
+
+def join(parent: str, name: str) -> str:
+    """``('a/b', 'c')`` -> ``'a/b/c'``; ``('', 'c')`` -> ``'c'`` (the inverse of :func:`split`)."""
+    return f"{parent}/{name}" if parent else name
 
 
 def split(path: str) -> tuple[str, str]:

@@ -22,7 +22,7 @@ from fabric.format.model import DIR, FILE, Entry
 from fuse.errors import err
 from fuse.handles import RHandle, WHandle, content_sig
 from fuse.libfuse import invalidate_path
-from fuse.namespace import split
+from fuse.namespace import Dir, SiblingOrder, join, split
 from fuse.reader import Fetcher, FileReader, chunk_disk_cache
 from fuse.state import MountState
 
@@ -31,6 +31,9 @@ log = logging.getLogger("fabric.fuse")
 #: Sibling readahead: when files of a directory are opened in order, fetch the next ones' chunks.
 SIBLINGS_AHEAD = 512
 SIBLINGS_BYTES = 16 * 1024 * 1024
+#: An order is taken for a scan once this share of recent opens continued it (two in a row
+#: from none): a random reader continues some order now and then by chance.
+SCAN_SCORE = 0.4
 #: Readers kept for an immutable mount (which reads by path).
 READERS = 4096
 
@@ -105,34 +108,48 @@ class ReadPath:
         self._prefetch_siblings(p)
 
     def _prefetch_siblings(self, p: str) -> None:
-        """Files of one directory opened in order: fetch the next ones' chunks in one request."""
+        """Files of one directory opened in order: fetch the next ones' chunks ahead, at most
+        :data:`SIBLINGS_AHEAD` files and :data:`SIBLINGS_BYTES` beyond the one opened.
+
+        Two orders are followed: by name (``ls``, rsync, Python's ``sorted(os.listdir())``)
+        and by inode number (GNU ``cp -r`` and ``tar`` sort a directory's entries by inode for
+        fast reads on disk file systems; a path's number here is a hash of it). Each open
+        scores each order by whether it continues it; only the order that has been
+        continued most lately, and often enough (:data:`SCAN_SCORE`), is fetched along (a scan
+        in one order, or random opens, continue an order now and then by chance)."""
         parent, name = split(p)
         d = self.state.ns.cached(parent)
         if d is None:
             return
-        names, index = d.files()
-        i = index.get(name)
-        if i is None:
-            return
-        sequential = (i - 1) in d.recent or i <= d.prefetched_to
-        d.recent.add(i)
-        if len(d.recent) > 256:
-            d.recent = set(sorted(d.recent)[-64:])
-        if not sequential or d.prefetched_to >= i + SIBLINGS_AHEAD // 2:
+        number = self.state.inodes.of
+        orders = (d.order("name"), d.order("inode", lambda n: number(join(parent, n), d.children.get(n))))
+        continued = [order for order in orders if order.opened(name)]
+        best = max(orders, key=lambda order: order.score)
+        if best in continued and best.score >= SCAN_SCORE:
+            self._ahead_in(best, best.index[name], d)
+
+    def _ahead_in(self, order: SiblingOrder, i: int, d: Dir) -> None:
+        """Keep the chunks of the files after position ``i`` of ``order`` fetched ahead."""
+        names = order.names
+        ahead = names[i + 1 : order.prefetched_to + 1]
+        size = self._bytes_of(ahead, d)
+        if len(ahead) >= SIBLINGS_AHEAD // 2 or size >= SIBLINGS_BYTES // 2:
             return  # still half a window ahead: the next request goes out when the reader gets closer
-        start = max(i + 1, d.prefetched_to + 1)
         chunks: list[tuple[bytes, int]] = []
-        size = 0
-        j = start
+        j = max(i + 1, order.prefetched_to + 1)
         while j < len(names) and j <= i + SIBLINGS_AHEAD and size < SIBLINGS_BYTES:
             e = d.children.get(names[j])
             if e is not None and e.kind == FILE:
                 chunks.extend(e.chunks)
                 size += e.size
             j += 1
-        d.prefetched_to = j - 1
+        order.prefetched_to = max(order.prefetched_to, j - 1)
         if chunks:
             self.fetcher.prefetch(chunks)
+
+    @staticmethod
+    def _bytes_of(names: list[str], d: Dir) -> int:
+        return sum(e.size for e in (d.children.get(n) for n in names) if e is not None and e.kind == FILE)
 
     def _path_reader(self, p: str) -> FileReader:
         """Immutable mounts read by path (no open handles): one reader per recently read file."""
