@@ -26,6 +26,9 @@ leaves the per-file costs this benchmark is about. ``sync`` (untimed) precedes
 each timed command. Peak RSS is the process's ``ru_maxrss`` (both tools run as
 one process). Ratios are taken round by round: throughput ratio = restic's wall
 / fabric's wall, RSS ratio = fabric's / restic's; their medians are quoted.
+
+``--baseline-src DIR`` times a third import in each round, of the fabric package in
+DIR (e.g. a ``git archive`` of an earlier revision): before/after in the same rounds.
 """
 
 from __future__ import annotations
@@ -53,14 +56,18 @@ from _common import (
 
 REPO = "bench"
 TOOLS = ("fabric", "restic")
+#: The import of ``--baseline-src``'s fabric, when given.
+BASELINE = "fabric-baseline"
 
 
 def floor_cmd(tree: str) -> list[str]:
     return ["sh", "-c", 'tar cf - -C "$1" . | cat >/dev/null', "floor", tree]
 
 
-def timed_fabric(py: str, tree: str, store: str) -> dict:
+def timed_fabric(py: str, tree: str, store: str, src: str | None = None) -> dict:
     env = fabric_env()
+    if src:
+        env["PYTHONPATH"] = src
     base = fabric_cmd(py) + ["--data", store, "-q", "--json"]
     remove(store)
     run(base + ["repo", "create", REPO], env=env)
@@ -82,18 +89,23 @@ def timed_restic(tree: str, store: str) -> dict:
             "files": summary["files_new"]}
 
 
-def one_round(py: str, tree: str, work: str, order: tuple[str, ...]) -> dict:
+def one_round(py: str, tree: str, work: str, order: tuple[str, ...], baseline: str | None) -> dict:
     res: dict = {"order": list(order), "load": loadavg()}
     for tool in order:
         floor = run_timed(floor_cmd(tree))  # also brings the tree into the page cache
         res.setdefault("floor", []).append(floor.wall)
         if tool == "fabric":
             res[tool] = timed_fabric(py, tree, os.path.join(work, "small-fabric"))
+        elif tool == BASELINE:
+            res[tool] = timed_fabric(py, tree, os.path.join(work, "small-fabric"), baseline)
         else:
             res[tool] = timed_restic(tree, os.path.join(work, "small-restic"))
     res["throughput_ratio"] = res["restic"]["wall"] / res["fabric"]["wall"]
     res["cpu_ratio"] = res["fabric"]["cpu"] / res["restic"]["cpu"]
     res["rss_ratio"] = res["fabric"]["maxrss_kib"] / res["restic"]["maxrss_kib"]
+    if baseline:
+        res["baseline_throughput_ratio"] = res["restic"]["wall"] / res[BASELINE]["wall"]
+        res["baseline_rss_ratio"] = res[BASELINE]["maxrss_kib"] / res["restic"]["maxrss_kib"]
     return res
 
 
@@ -101,7 +113,7 @@ def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(median(xs))} ({fmt.format(min(xs))}..{fmt.format(max(xs))})"
 
 
-def report(rounds: list[dict], files: int, nbytes: int, warmup: int, where: str) -> str:
+def report(rounds: list[dict], files: int, nbytes: int, warmup: int, where: str, tools: tuple[str, ...]) -> str:
     lines = [
         f"{files} files ({nbytes / 2**20:.0f} MiB) read from {where}; median (min..max) of {len(rounds)} "
         f"counted round(s) after {warmup} warm-up round(s), fresh stores each round",
@@ -109,7 +121,7 @@ def report(rounds: list[dict], files: int, nbytes: int, warmup: int, where: str)
         "| tool | wall s | files/s | user s | sys s | CPU s | peak RSS MiB |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for tool in TOOLS:
+    for tool in tools:
         rs = [r[tool] for r in rounds]
         lines.append(
             f"| {tool} | {spread([r['wall'] for r in rs])} | {spread([files / r['wall'] for r in rs], '{:.0f}')} "
@@ -129,6 +141,12 @@ def report(rounds: list[dict], files: int, nbytes: int, warmup: int, where: str)
         f"- CPU seconds, fabric / restic: {spread(cpu)}x",
         f"- load average at the start of each round: {', '.join(r['load'] for r in rounds)}",
     ]
+    if BASELINE in tools:
+        lines += [
+            f"- baseline: throughput {spread([r['baseline_throughput_ratio'] for r in rounds])}x restic's, "
+            f"peak RSS {spread([r['baseline_rss_ratio'] for r in rounds])}x; fabric's wall / the baseline's: "
+            f"{spread([r['fabric']['wall'] / r[BASELINE]['wall'] for r in rounds])}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -140,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--python", default=sys.executable)
+    p.add_argument("--baseline-src", help="also import with the fabric package in this directory, each round")
     p.add_argument("--json-out")
     p.add_argument("--md-out")
     a = p.parse_args(argv)
@@ -155,17 +174,21 @@ def main(argv: list[str] | None = None) -> int:
         shm = os.path.join("/dev/shm", f"fabric-bench-small-{os.getpid()}")
         shutil.copytree(tree, shm, copy_function=shutil.copy2)
         tree = shm
+    baseline = os.path.abspath(a.baseline_src) if a.baseline_src else None
+    tools = (*TOOLS, BASELINE) if baseline else TOOLS
     rounds = []
     try:
         for i in range(a.warmup + a.runs):
-            order = TOOLS if i % 2 == 0 else TOOLS[::-1]
-            r = with_retries(one_round, a.python, tree, os.path.abspath(a.work), order)
+            order = tools if i % 2 == 0 else tools[::-1]
+            r = with_retries(one_round, a.python, tree, os.path.abspath(a.work), order, baseline)
             counted = i >= a.warmup
             print(
-                f"round {i + 1}/{a.warmup + a.runs}{'' if counted else ' (warm-up)'}: fabric {r['fabric']['wall']:.2f}s "
-                f"({r['fabric']['cpu']:.2f} CPU, {r['fabric']['maxrss_kib'] // 1024} MiB), restic {r['restic']['wall']:.2f}s "
-                f"({r['restic']['cpu']:.2f} CPU, {r['restic']['maxrss_kib'] // 1024} MiB), floor {min(r['floor']):.2f}s, "
-                f"throughput ratio {r['throughput_ratio']:.2f}x, load {r['load']}",
+                f"round {i + 1}/{a.warmup + a.runs}{'' if counted else ' (warm-up)'}: "
+                + ", ".join(
+                    f"{tool} {r[tool]['wall']:.2f}s ({r[tool]['cpu']:.2f} CPU, {r[tool]['maxrss_kib'] // 1024} MiB)"
+                    for tool in tools
+                )
+                + f", floor {min(r['floor']):.2f}s, throughput ratio {r['throughput_ratio']:.2f}x, load {r['load']}",
                 file=sys.stderr, flush=True,
             )
             if counted:
@@ -173,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if shm:
             shutil.rmtree(shm, ignore_errors=True)
-    md = report(rounds, manifest["tree"]["files"], manifest["tree"]["bytes"], a.warmup, "tmpfs" if a.tmpfs else "disk")
+    md = report(rounds, manifest["tree"]["files"], manifest["tree"]["bytes"], a.warmup, "tmpfs" if a.tmpfs else "disk", tools)
     print(md)
     commands = {
         "fabric": fabric_cmd("python") + ["--data", "STORE", "-q", "--json", "import", "TREE", f"{REPO}@main", "-m", "first"],
@@ -181,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "floor": floor_cmd("TREE"),
     }
     save_report(md, {"machine": machine(), "manifest_params": manifest["params"], "tmpfs": a.tmpfs,
-                     "rounds": rounds, "commands": commands}, a.json_out, a.md_out)
+                     "baseline_src": baseline, "rounds": rounds, "commands": commands}, a.json_out, a.md_out)
     return 0
 
 

@@ -244,8 +244,9 @@ class _ListSink:
     def filter_new(self, ids):
         return {cid for cid in ids if cid not in self.chunks}
 
-    def add(self, cid, raw) -> None:
-        self.chunks[cid] = bytes(raw)
+    def add_many(self, pairs) -> None:
+        for cid, raw in pairs:
+            self.chunks[cid] = bytes(raw)
 
     def close(self) -> None:
         self.closed += 1

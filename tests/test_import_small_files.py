@@ -99,6 +99,7 @@ def test_failure_mid_batch_leaves_the_store_consistent(sqlite_engine: Engine, tm
     sqlite_engine.create_repo("demo")
     head = sqlite_engine.head("demo", "main")
     walk = filereader.ingest_files
+    monkeypatch.setattr(filereader, "BATCH_FILES", 512)  # three batches of the 1500 files
 
     def vanishing(files, *args):
         # A file removed after the walk, in the middle of the second batch.

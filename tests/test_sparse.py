@@ -37,9 +37,10 @@ class _Taken:
     def filter_new(self, ids):
         return {cid for cid in ids if cid not in self.chunks}
 
-    def add(self, cid, raw):
-        assert chunk_id(raw) == cid
-        self.chunks[cid] = bytes(raw)
+    def add_many(self, pairs):
+        for cid, raw in pairs:
+            assert chunk_id(raw) == cid
+            self.chunks[cid] = bytes(raw)
 
     def close(self):
         pass

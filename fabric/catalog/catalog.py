@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from fabric.catalog.db import Database, batched, placeholders
+from fabric.catalog.db import Cursor, Database, batched, placeholders
 from fabric.catalog.schema import SCHEMA, SCHEMA_VERSION
 from fabric.errors import Conflict, NotFound
 
@@ -42,6 +42,9 @@ _PRUNED_THROUGH = "ref_events_pruned_through"
 EVENT_LOCK = 0x6661627269630001
 #: Staging rows read per query while iterating a staging area.
 STAGED_BATCH = 1000
+#: The setting that counts the transactions that dropped chunks or ownership rows
+#: (see :meth:`Catalog.chunk_drops`).
+_CHUNK_DROPS = "chunk_drops"
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ class Catalog:
                 raise NotFound(f"repository {name!r} does not exist")
             for table in ("refs", "staging", "commits", "repo_chunks"):
                 cur.execute(f"DELETE FROM {table} WHERE repo = ?", (name,))
+            self._count_drop(cur)
             self._event(cur, name, "repo", name, None, None)
 
     # -- refs ----------------------------------------------------------------
@@ -434,6 +438,24 @@ class Catalog:
                 "DELETE FROM repo_chunks WHERE chunk = ? AND NOT EXISTS (SELECT 1 FROM chunks WHERE id = ?)",
                 [(cid, cid) for cid in ids],
             )
+            self._count_drop(cur)
+
+    def chunk_drops(self) -> int:
+        """How many transactions so far unindexed chunks or dropped chunks' ownership
+        (:meth:`delete_chunks`, :meth:`delete_repo`).
+
+        Each such transaction adds one in the same transaction, so a chunk seen indexed
+        (and a repository's) after a first reading is still so while a later reading
+        gives the same count."""
+        value = self.setting(_CHUNK_DROPS)
+        return int(value) if value is not None else 0
+
+    def _count_drop(self, cur: Cursor) -> None:
+        cur.execute(
+            "INSERT INTO settings (key, value) VALUES (?, '1') ON CONFLICT (key) "
+            "DO UPDATE SET value = CAST(CAST(settings.value AS BIGINT) + 1 AS TEXT)",
+            (_CHUNK_DROPS,),
+        )
 
     # -- chunk ownership -----------------------------------------------------
     def owned_chunks(self, repo: str, ids: Sequence[bytes]) -> set[bytes]:

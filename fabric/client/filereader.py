@@ -30,7 +30,7 @@ SMALL_FILE = 1024 * 1024
 #: A task of the pool reads at most this many bytes or files; small files share one
 #: question to the sink per task (per :data:`~fabric.format.chunking.READ_WINDOW` of data).
 BATCH_BYTES = 8 * 1024 * 1024
-BATCH_FILES = 512
+BATCH_FILES = 4096
 
 T = TypeVar("T")
 

@@ -88,6 +88,10 @@ class PipelinedSink:
         if batch:
             self._dispatch(batch)
 
+    def add_many(self, pairs: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
+        for cid, raw in pairs:
+            self.add(cid, raw)
+
     def close(self) -> None:
         with self._lock:
             batch = self._take_batch()
@@ -130,9 +134,7 @@ class PipelinedSink:
 
     def _send(self, batch: list[tuple[bytes, bytes]]) -> None:
         new = self._session.filter_new([cid for cid, _ in batch])
-        for cid, data in batch:
-            if cid in new:
-                self._session.add(cid, data)
+        self._session.add_many([(cid, data) for cid, data in batch if cid in new])
 
     def _finished(self, future: Future[None]) -> None:
         with self._lock:

@@ -7,6 +7,8 @@ references), so a crash leaves at worst an unindexed pack that gc removes.
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 
 from fabric.cache.lru import BytesLRU
@@ -24,12 +26,30 @@ COALESCE_GAP = 256 * 1024
 MAX_RUN = 8 * 1024 * 1024
 
 
+class Claims:
+    """The chunks that one sink of this process made chunks of ``repo``: each one seen
+    indexed in the catalog (or indexed by the sink itself) and then recorded as the
+    repository's. ``drops`` is the catalog's :meth:`~fabric.catalog.Catalog.chunk_drops`
+    read before the first of them: while the catalog still says so, none of them was
+    unindexed or disowned since (a gc, a deleted repository). ``since``: when that was."""
+
+    __slots__ = ("repo", "drops", "since", "ids", "__weakref__")
+
+    def __init__(self, repo: str, drops: int) -> None:
+        self.repo = repo
+        self.drops = drops
+        self.since = time.time()
+        self.ids: set[bytes] = set()
+
+
 class ChunkStore:
     def __init__(self, store: ObjectStore, catalog: Catalog, grace: float, cache_bytes: int = 64 << 20) -> None:
         self.store = store
         self.catalog = catalog
         self.grace = grace
         self.cache = BytesLRU(cache_bytes, max_item=cache_bytes // 4)
+        #: The claims of the sinks still alive (a sink holds its own; they go with it).
+        self._claims: weakref.WeakSet[Claims] = weakref.WeakSet()
 
     # -- writing -------------------------------------------------------------
     def missing(self, ids: Sequence[bytes], owner: str | None = None) -> list[bytes]:
@@ -48,19 +68,48 @@ class ChunkStore:
 
         With ``owner`` every chunk offered becomes a chunk of that repository, the
         stored ones at once: the sink is fed in this process by code that hashed the
-        bytes itself, so whoever feeds it holds them."""
+        bytes itself, so whoever feeds it holds them. What it made the repository's is
+        remembered while the sink lives (see :meth:`unclaimed`)."""
         if owner is None:
             return PackSession(self.missing, self.store_pack, target_size)
+        claims = Claims(owner, self.catalog.chunk_drops())  # read before the first claim
+        self._claims.add(claims)
 
         def missing_claiming_present(ids: Sequence[bytes]) -> list[bytes]:
             lacking = self.missing(ids)
             absent = set(lacking)
-            self.catalog.add_owned_chunks(owner, sorted(cid for cid in ids if cid not in absent))
+            present = sorted(cid for cid in ids if cid not in absent)
+            self.catalog.add_owned_chunks(owner, present)
+            claims.ids.update(present)
             return lacking
 
-        return PackSession(missing_claiming_present, lambda b: self.store_pack(b, owner), target_size)
+        return PackSession(missing_claiming_present, lambda b: self.store_pack(b, owner, claims), target_size)
 
-    def store_pack(self, builder: packs.PackBuilder, owner: str | None = None) -> None:
+    def unclaimed(self, repo: str, ids: Sequence[bytes]) -> Sequence[bytes]:
+        """``ids`` less those a live sink of this process made chunks of ``repo`` (see
+        :meth:`session`), when no chunk was unindexed or disowned since that sink began:
+        what is left needs asking the catalog (:meth:`missing`) whether it is the
+        repository's.
+
+        A sink's claims count for a quarter of the gc grace: :meth:`missing` refreshes
+        a chunk's gc clock once it is half the grace old, so a claimed chunk still has
+        at least a quarter of the grace before a gc may take it, as one just checked has
+        half of it."""
+        if not ids:
+            return ids
+        live = [c for c in self._claims if c.repo == repo and time.time() - c.since < self.grace / 4]
+        if not live:
+            return ids
+        drops = self.catalog.chunk_drops()
+        sets = [c.ids for c in live if c.drops == drops]
+        if not sets:
+            return ids
+        if len(sets) == 1:
+            (claimed,) = sets
+            return [cid for cid in ids if cid not in claimed]
+        return [cid for cid in ids if not any(cid in claimed for claimed in sets)]
+
+    def store_pack(self, builder: packs.PackBuilder, owner: str | None = None, claims: Claims | None = None) -> None:
         data = builder.finish()
         pack_id = packs.new_pack_id()
         self.store.put(packs.pack_key(pack_id), data)
@@ -69,7 +118,10 @@ class ChunkStore:
         rows = _index_rows(builder.chunks)
         self.catalog.index_pack(pack_id, size, builder.size, rows)
         if owner is not None:
-            self.catalog.add_owned_chunks(owner, [row[0] for row in rows])
+            ids = [row[0] for row in rows]
+            self.catalog.add_owned_chunks(owner, ids)
+            if claims is not None:
+                claims.ids.update(ids)
 
     def receive_pack(self, data: bytes, owner: str | None = None) -> tuple[int, int]:
         """Verify a pack sent by a client and store it: ``(chunks, new chunks)``.

@@ -314,8 +314,9 @@ class Engine(DataPlane):
         for entry in entries:
             if entry is not None and (entry.chunks or entry.chunklist):  # (of any kind: a FIFO naming chunks too)
                 ids.extend(stored_ids(self.reader.chunk_list(entry)))
-        if ids:
-            lacking = self.chunks.missing(ids, owner=repo)
+        unchecked = self.chunks.unclaimed(repo, ids)  # (less what this process's sinks just made the repository's)
+        if unchecked:
+            lacking = self.chunks.missing(unchecked, owner=repo)
             if lacking:
                 raise ChunksMissing(
                     f"{len(lacking)} chunk(s) referenced by the change are not stored for repository {repo!r} "

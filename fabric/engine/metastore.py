@@ -63,9 +63,13 @@ class MetaStore:
     def put(self, kind: bytes, value: Any) -> str:
         """Store ``value``; always written, so a concurrent gc cannot race a reuse."""
         oid, stored = encode_object(kind, value)
+        self.put_encoded(oid, stored, value)
+        return oid
+
+    def put_encoded(self, oid: str, stored: bytes, value: Any) -> None:
+        """Store what :func:`encode_object` made of ``value`` (as :meth:`put` does)."""
         self.store.put(object_key(oid), stored)
         self._remember(oid, value)
-        return oid
 
     def get(self, kind: bytes, oid: str) -> Any:
         with self._lock:

@@ -13,8 +13,10 @@ checked as well by :func:`decode` when the caller knows the id.
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
+from collections.abc import Sequence
 
 import xxhash
 import zstandard
@@ -28,6 +30,11 @@ HEADER = struct.Struct("<BIQ")
 HEADER_LEN = HEADER.size
 ZSTD_LEVEL = 3
 MIN_SAVING = 1 / 32
+#: Fewer chunks than this are compressed one by one: each call of zstd's batch API
+#: starts its threads and compression contexts anew, which only a large batch repays.
+BATCH_MIN = 1024
+#: The threads of one batch compression.
+BATCH_THREADS = min(4, os.cpu_count() or 1)
 
 _local = threading.local()
 
@@ -48,8 +55,24 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 def encode(raw: bytes | memoryview) -> bytes:
     """Frame ``raw``, compressing it when that pays."""
+    return _frame(raw, _compressor().compress(raw))
+
+
+def encode_many(raws: Sequence[bytes | memoryview]) -> list[bytes]:
+    """:func:`encode` of each of ``raws``, the same frames.
+
+    A batch of at least :data:`BATCH_MIN` chunks is compressed in one call of zstd's
+    batch API, which holds no GIL while it runs and spreads the chunks over
+    :data:`BATCH_THREADS` threads: many small chunks use a second core."""
+    if len(raws) < BATCH_MIN or BATCH_THREADS < 2:
+        return [encode(raw) for raw in raws]
+    packed = _compressor().multi_compress_to_buffer(list(raws), threads=BATCH_THREADS)
+    return [_frame(raw, packed[i].tobytes()) for i, raw in enumerate(raws)]
+
+
+def _frame(raw: bytes | memoryview, packed: bytes) -> bytes:
+    """The frame of ``raw``, given its zstd compression ``packed``: that, if it pays."""
     raw_len = len(raw)
-    packed = _compressor().compress(raw)
     if len(packed) <= raw_len - max(1, int(raw_len * MIN_SAVING)):
         return HEADER.pack(ZSTD, raw_len, xxhash.xxh3_64_intdigest(packed)) + packed
     return HEADER.pack(RAW, raw_len, xxhash.xxh3_64_intdigest(raw)) + bytes(raw)

@@ -35,8 +35,9 @@ class ChunkSink(Protocol):
     def filter_new(self, ids: Sequence[bytes]) -> set[bytes]:
         """Which of ``ids`` the destination lacks and this sink has not taken yet."""
 
-    def add(self, cid: bytes, raw: bytes | memoryview) -> None:
-        """Take a chunk that :meth:`filter_new` reported as new."""
+    def add_many(self, pairs: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
+        """Take chunks ``(id, raw)`` that :meth:`filter_new` reported as new (a sink may
+        compress them together)."""
 
     def close(self) -> None:
         """Flush; after it returns every chunk taken is stored at the destination."""
@@ -169,10 +170,12 @@ def send_new(sink: ChunkSink, pairs: Sequence[tuple[bytes, bytes | memoryview]])
     if not pairs:
         return
     new = sink.filter_new([cid for cid, _ in pairs])
+    fresh = []
     for cid, data in pairs:
         if cid in new:
             new.discard(cid)
-            sink.add(cid, data)
+            fresh.append((cid, data))
+    sink.add_many(fresh)
 
 
 def ingest_stream(stream: BinaryIO, sink: ChunkSink) -> tuple[list[tuple[bytes, int]], str]:
@@ -250,7 +253,20 @@ class PackSession:
             if cid in self._taken:
                 return
             self._taken.add(cid)
-        frame = frames.encode(raw)  # compression runs outside the lock
+        self._put(cid, raw, frames.encode(raw))  # compression runs outside the lock
+
+    def add_many(self, pairs: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
+        """:meth:`add` of each ``(id, raw)``, compressed together (:func:`frames.encode_many`)."""
+        fresh = []
+        with self._lock:
+            for cid, raw in pairs:
+                if cid not in self._taken:
+                    self._taken.add(cid)
+                    fresh.append((cid, raw))
+        for (cid, raw), frame in zip(fresh, frames.encode_many([raw for _, raw in fresh])):
+            self._put(cid, raw, frame)
+
+    def _put(self, cid: bytes, raw: bytes | memoryview, frame: bytes) -> None:
         full = None
         with self._lock:
             self._builder.add(cid, frame)

@@ -41,7 +41,7 @@ def stored_ids(chunks: Iterable[tuple[bytes, int]]) -> list[bytes]:
     return [cid for cid, _ in chunks if cid != HOLE_ID]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One path of a tree: a file, a directory marker, a symlink or a special file.
 
