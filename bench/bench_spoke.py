@@ -8,9 +8,13 @@ bytes that cross it (TCP payload both ways, protocol included):
 * fabric: ``client -> spoke (loopback) -> WAN -> hub``. Per round a fresh hub
   holding v1 (a copy of a template store) and a cold spoke (empty cache)::
 
-      fabric --server SPOKE export bench@main out-v1       # v1, cold cache
+      fabric --server SPOKE export bench@main out          # v1, cold cache, empty directory
       fabric --server HUB import v2 bench@main -m v2       # untimed, at the hub, not over the WAN
-      fabric --server SPOKE export bench@main out-v2       # v2: only what the cache lacks crosses the WAN
+      fabric --server SPOKE export bench@main out          # v2 in place: unchanged files are skipped
+      fabric --server SPOKE export bench@main out-v2-warm  # v2-warm: empty directory, warm spoke, no WAN
+
+* fabric-hub (tool ``fabric-hub``): the same v1 and v2 exports straight from the
+  hub across the link, no spoke (``fabric --server PROXY-TO-HUB export``).
 
 * rsync: ``rsync -> WAN -> rsync daemon`` (modules v1, v2 read-only)::
 
@@ -78,6 +82,8 @@ from bench_remote import (
     warm_page_cache,
 )
 
+from testbed.wanproxy import WanProxy
+
 
 # -- preparation (once per invocation, untimed) -------------------------------------------
 def ensure_flat_tree(python: str, files: int, seed: int) -> str:
@@ -106,9 +112,11 @@ def tree_index(root: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def verify(dst: str, src: str, changed: list[str]) -> None:
-    """``dst`` holds exactly ``src``'s files (size, mtime to the second), and the changed files byte for byte."""
+def verify(dst: str, src: str, changed: list[str], stale: frozenset[str] = frozenset()) -> None:
+    """``dst`` holds exactly ``src``'s files (size, mtime to the second), and the changed files byte for
+    byte; ``stale``: paths ``dst`` may hold besides (an in-place export deletes nothing)."""
     a, b = tree_index(dst), tree_index(src)
+    a = {k: v for k, v in a.items() if k in b or k not in stale}
     if a != b:
         only_dst, only_src = sorted(a.keys() - b.keys())[:5], sorted(b.keys() - a.keys())[:5]
         diff = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])[:5]
@@ -132,8 +140,13 @@ def changed_files(manifest: dict, v2: str) -> list[str]:
 
 
 # -- tools --------------------------------------------------------------------------------
-def fabric_round(a: argparse.Namespace, ctx: dict, r: int) -> dict:
-    base = os.path.join(a.work, f"spoke-fabric-{r}")
+def fabric_round(a: argparse.Namespace, ctx: dict, r: int, via_spoke: bool = True) -> dict:
+    """``fabric export`` of v1 into an empty directory, then of v2 into the same one (in place: only
+    files whose size or mtime differ are written). Through a cold spoke (``via_spoke``; then also
+    "v2-warm": v2 into an empty directory from the now-warm spoke, no WAN bytes: the local cost of
+    a whole export), or straight from the hub across the WAN."""
+    name = "fabric" if via_spoke else "fabric-hub"
+    base = os.path.join(a.work, f"spoke-{name}-{r}")
     remove(base)
     os.makedirs(base)
     shutil.copytree(ctx["template_v1"], os.path.join(base, "hub"))
@@ -141,40 +154,43 @@ def fabric_round(a: argparse.Namespace, ctx: dict, r: int) -> dict:
     spoke = None
     try:
         with wan(hub.port, a.rtt_ms, a.rate_mbit) as proxy:
-            spoke = Spoke(a.python, proxy.url_for(), os.path.join(base, "cache"), a.cache_size, hub.token)
-            spoke.stats()  # the spoke checks the caller's token with the hub once; not part of the reads
-            out: dict = {"tool": "fabric"}
-            # v2-warm: v2 exported once more into an empty directory, every chunk now cached: no WAN
-            # traffic, so it is the local part of a v2 export (export rewrites every file; see the notes).
-            for ver in ("v1", "v2", "v2-warm"):
-                dst = os.path.join(base, f"out-{ver}")
+            if via_spoke:
+                spoke = Spoke(a.python, proxy.url_for(), os.path.join(base, "cache"), a.cache_size, hub.token)
+                spoke.stats()  # the spoke checks the caller's token with the hub once; not part of the reads
+            out: dict = {"tool": name}
+            for ver in ("v1", "v2", "v2-warm") if via_spoke else ("v1", "v2"):
+                dst = os.path.join(base, "out-v2-warm" if ver == "v2-warm" else "out")
                 if ver == "v2":
                     commit = json.loads(run(hub.cli("import", ctx["v2"], "bench@main", "-m", "v2"), env=fabric_env()))["commit_id"]
                     deadline = time.monotonic() + 60
-                    while spoke.head("bench", "main") != commit:  # the hub's watch stream tells the spoke
+                    while spoke is not None and spoke.head("bench", "main") != commit:  # the hub's watch stream tells the spoke
                         if time.monotonic() > deadline:
                             raise SystemExit("the spoke did not see the v2 commit within 60 s")
                         time.sleep(0.05)
-                st0 = spoke.stats()
-                t, w = timed_phase(spoke.cli("export", "bench@main", dst), proxy, env=fabric_env(),
-                                   servers=(spoke.proc.pid, hub.proc.pid))
-                st1 = spoke.stats()
-                verify(dst, ctx[ver[:2]], ctx["changed"] if ver != "v1" else [])
-                out[ver] = {"wall": t.wall, "cpu": t.cpu, "wire": w, "cmd": shlex.join(t.cmd),
-                            "upstream_requests": st1["upstream_requests"] - st0["upstream_requests"],
-                            "upstream_bytes_received": st1["upstream_bytes_received"] - st0["upstream_bytes_received"],
-                            "upstream_bytes_sent": st1["upstream_bytes_sent"] - st0["upstream_bytes_sent"],
-                            "cache_hit_bytes": st1["cache_hit_bytes"] - st0["cache_hit_bytes"],
-                            "cache_miss_bytes": st1["cache_miss_bytes"] - st0["cache_miss_bytes"]}
-                previous = {"v2": "out-v1", "v2-warm": "out-v2"}.get(ver)
-                if previous:
-                    remove(os.path.join(base, previous))
+                out[ver] = _fabric_phase(proxy, hub, spoke, dst)
+                stale = ctx["v1_only"] if ver == "v2" else frozenset()
+                verify(dst, ctx[ver[:2]], ctx["changed"] if ver != "v1" else [], stale)
             return out
     finally:
         if spoke is not None:
             spoke.stop()
         hub.stop()
         remove(base)
+
+
+def _fabric_phase(proxy: WanProxy, hub: Hub, spoke: Spoke | None, dst: str) -> dict:
+    """One timed ``fabric export bench@main DST`` from the spoke (its stats before and after) or the hub."""
+    cmd = spoke.cli("export", "bench@main", dst) if spoke is not None else hub.cli("export", "bench@main", dst, url=proxy.url_for())
+    st0 = spoke.stats() if spoke is not None else None
+    t, w = timed_phase(cmd, proxy, env=fabric_env(),
+                       servers=(spoke.proc.pid, hub.proc.pid) if spoke is not None else (hub.proc.pid,))
+    got = json.loads(t.stdout)
+    phase = {"wall": t.wall, "cpu": t.cpu, "wire": w, "cmd": shlex.join(t.cmd), "unchanged": got.get("unchanged", 0)}
+    if spoke is not None:
+        st1 = spoke.stats()
+        for key in ("upstream_requests", "upstream_bytes_received", "upstream_bytes_sent", "cache_hit_bytes", "cache_miss_bytes"):
+            phase[key] = st1[key] - st0[key]
+    return phase
 
 
 def rsync_round(a: argparse.Namespace, ctx: dict, r: int, compress: bool) -> dict:
@@ -255,12 +271,13 @@ def listing_round(a: argparse.Namespace, ctx: dict, r: int) -> dict:
 def prepare(a: argparse.Namespace, data: str, ctx: dict) -> None:
     ctx.update({"v1": os.path.join(data, "v1"), "v2": os.path.join(data, "v2"), "manifest": load_manifest(data)})
     ctx["changed"] = changed_files(ctx["manifest"], ctx["v2"])
+    ctx["v1_only"] = frozenset(tree_index(ctx["v1"]).keys() - tree_index(ctx["v2"]).keys())
     prep = os.path.join(a.work, "spoke-prep")
     remove(prep)
     os.makedirs(prep)
     ctx["prep"] = prep
     t0 = time.perf_counter()
-    if "fabric" in a.tools:
+    if "fabric" in a.tools or "fabric-hub" in a.tools:
         local_store(a.python, os.path.join(prep, "hub-v1"), "bench", ctx["v1"])
         ctx["template_v1"] = os.path.join(prep, "hub-v1")
     if a.listing:
@@ -295,8 +312,8 @@ def run_rounds(a: argparse.Namespace, ctx: dict) -> tuple[list[dict], list[dict]
         order = a.tools if r % 2 == 0 else a.tools[::-1]
         got = {"round": r, "load_before": loadavg(), "order": order}
         for tool in order:
-            if tool == "fabric":
-                got[tool] = with_retries(fabric_round, a, ctx, r)
+            if tool in ("fabric", "fabric-hub"):
+                got[tool] = with_retries(fabric_round, a, ctx, r, tool == "fabric")
             elif tool == "rclone":
                 got[tool] = with_retries(rclone_round, a, ctx, r)
             else:
@@ -317,7 +334,7 @@ def run_rounds(a: argparse.Namespace, ctx: dict) -> tuple[list[dict], list[dict]
 
 
 def summarize(rounds: list[dict], listings: list[dict], manifest: dict) -> dict:
-    tools = [t for t in ("fabric", "rsync", "rsync-z", "rclone") if t in rounds[0]]
+    tools = [t for t in ("fabric", "fabric-hub", "rsync", "rsync-z", "rclone") if t in rounds[0]]
     size = {"v1": manifest["v1"]["bytes"], "v2": manifest["v2"]["bytes"]}
     s: dict = {"tools": {}}
     for t in tools:
@@ -342,12 +359,13 @@ def summarize(rounds: list[dict], listings: list[dict], manifest: dict) -> dict:
                 x["upstream_requests"] = median([w["upstream_requests"] for w in rows])
             s["tools"][t][v] = x
     s["ratios"] = {}
-    for peer in tools[1:]:
-        s["ratios"][peer] = {
-            v: {"bytes": median([r["fabric"][v]["wire"]["total"] / r[peer][v]["wire"]["total"] for r in rounds]),
-                "time": median([r["fabric"][v]["wall"] / r[peer][v]["wall"] for r in rounds])}
-            for v in ("v1", "v2")
-        }
+    for mine in [t for t in tools if t.startswith("fabric")]:
+        for peer in [t for t in tools if not t.startswith("fabric")]:
+            s["ratios"][peer if mine == "fabric" else f"{peer} ({mine})"] = {
+                v: {"bytes": median([r[mine][v]["wire"]["total"] / r[peer][v]["wire"]["total"] for r in rounds]),
+                    "time": median([r[mine][v]["wall"] / r[peer][v]["wall"] for r in rounds])}
+                for v in ("v1", "v2")
+            }
     if listings:
         s["listing"] = {
             phase: {
@@ -405,19 +423,25 @@ def render(results: dict) -> str:
                 f"{x['cpu']:.2f} | {x['server_cpu']:.2f} |"
             )
     lines.append("")
+    rate = a["rate_mbit"] * 1e6 / 8
+    lines.append(f"- link floor (bytes / rate, no protocol, no RTT): v1 {m['v1']['bytes'] / rate:.2f} s, "
+                 f"v2's novel bytes {novel_bytes(m) / rate:.2f} s at {a['rate_mbit']:g} Mbit/s")
     if "fabric" in s["tools"]:
         f = s["tools"]["fabric"]
         lines.append(f"- fabric upstream requests (spoke stats): v1 {f['v1']['upstream_requests']:.0f}, "
-                     f"v2 {f['v2']['upstream_requests']:.0f}; server CPU = spoke + hub; `v2-warm` = v2 exported again "
-                     "from the now-warm spoke (no WAN bytes): the local share of the v2 export's time")
-        for peer, r in s["ratios"].items():
-            goal = ""
-            if peer in ("rsync", "rsync-z"):
-                goal = f" (goal < 1.0: {'met' if r['v2']['bytes'] < 1.0 else 'MISSED'})"
-            elif peer == "rclone":
-                goal = f" (goal <= 0.2: {'met' if r['v2']['bytes'] <= 0.2 else 'MISSED'})"
-            lines.append(f"- fabric / {peer}: v2 bytes **{r['v2']['bytes']:.3f}x**{goal}, v1 bytes {r['v1']['bytes']:.2f}x; "
-                         f"time v1 {r['v1']['time']:.2f}x, v2 {r['v2']['time']:.2f}x (<1: fabric faster)")
+                     f"v2 {f['v2']['upstream_requests']:.0f}; server CPU = spoke + hub; v2 updates v1's directory in "
+                     "place; `v2-warm` = v2 exported into an empty directory from the now-warm spoke (no WAN bytes): "
+                     "the local cost of a whole export")
+    if "fabric-hub" in s["tools"]:
+        lines.append("- fabric-hub: `fabric --server HUB export` straight across the link (no spoke); server CPU = hub")
+    for peer, r in s["ratios"].items():
+        goal = ""
+        if peer in ("rsync", "rsync-z"):
+            goal = f" (goal < 1.0: {'met' if r['v2']['bytes'] < 1.0 else 'MISSED'})"
+        elif peer == "rclone":
+            goal = f" (goal <= 0.2: {'met' if r['v2']['bytes'] <= 0.2 else 'MISSED'})"
+        lines.append(f"- fabric / {peer}: v2 bytes **{r['v2']['bytes']:.3f}x**{goal}, v1 bytes {r['v1']['bytes']:.2f}x; "
+                     f"time v1 {r['v1']['time']:.2f}x, v2 {r['v2']['time']:.2f}x (<1: fabric faster)")
     if "listing" in s:
         L = s["listing"]
         lines += [

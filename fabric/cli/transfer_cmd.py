@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import gc
+import os
+from typing import TYPE_CHECKING
 
 import click
 
 from fabric.cli.context import Ctx, handle_errors, human_size, pass_ctx
 from fabric.errors import BadRequest
+
+if TYPE_CHECKING:
+    from fabric.plane.dataplane import DataPlane
 
 
 def repo_branch(spec: str) -> tuple[str, str]:
@@ -71,24 +76,35 @@ def import_(ctx: Ctx, src: str, target: str, message: str, prefix: str, no_delet
 @click.argument("source", metavar="REPO@REF")
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.option("--prefix", default="", help="Export only this path of the repository (as DEST's root).")
+@click.option(
+    "--rewrite",
+    is_flag=True,
+    help="Write every file, even one DEST already holds with the same size, mode and mtime (by default such files are left as they are).",
+)
 @pass_ctx
 @handle_errors
-def export(ctx: Ctx, source: str, dest: str, prefix: str) -> None:
+def export(ctx: Ctx, source: str, dest: str, prefix: str, rewrite: bool) -> None:
     """Write the files of REPO@REF into directory DEST (modes and mtimes kept).
 
-    Nothing is written outside DEST and no symlink is followed: a symlink or
-    file in DEST where REPO@REF has a directory is replaced by a directory. A
-    file or symlink that has paths below it in the repository (S3 lets keys
-    `a` and `a/b` coexist) is shadowed by the directory: it is skipped with a
-    warning and listed under "shadowed" in --json output.
+    A file DEST already holds with the same size, mode and modification time
+    (to the nanosecond) is not read again, as rsync's quick check; --rewrite
+    writes every file. Nothing is written outside DEST and no symlink is
+    followed: a symlink or file in DEST where REPO@REF has a directory is
+    replaced by a directory. A file or symlink that has paths below it in the
+    repository (S3 lets keys `a` and `a/b` coexist) is shadowed by the
+    directory: it is skipped with a warning and listed under "shadowed" in
+    --json output. Through a spoke, the order of the files to read is sent
+    first as a loader hint (job $FABRIC_JOB, else a new `export:` id), so the
+    spoke fetches ahead of the reads.
     """
     from fabric.client.transfer import export_tree
     from fabric.engine.refs import split_repo_ref
 
     repo, ref = split_repo_ref(source, None)
+    plane, job = _export_plane(ctx)
     if ref is None:
-        ref = ctx.plane.get_repo(repo)["default_branch"]
-    result = export_tree(ctx.plane, repo, ref, dest, prefix=prefix, progress=ctx.progress())
+        ref = plane.get_repo(repo)["default_branch"]
+    result = export_tree(plane, repo, ref, dest, prefix=prefix, progress=ctx.progress(), rewrite=rewrite, job=job)
     for path in result.shadowed:
         click.echo(f"warning: skipped {path}: a directory of the same name shadows it (the tree has paths under {path}/)", err=True)
     for path in result.skipped:
@@ -96,10 +112,25 @@ def export(ctx: Ctx, source: str, dest: str, prefix: str) -> None:
 
     def human(r: dict) -> str:
         line = f"exported {r['files']} files ({human_size(r['bytes'])}) to {dest}"
+        if r["unchanged"]:
+            line += f"; {r['unchanged']} unchanged ({human_size(r['unchanged_bytes'])}) not written"
         line += f"; skipped {len(r['shadowed'])} shadowed" if r["shadowed"] else ""
         return line + (f"; skipped {len(r['skipped'])} devices (not root)" if r["skipped"] else "")
 
     ctx.emit(result.__dict__, human)
+
+
+def _export_plane(ctx: Ctx) -> tuple[DataPlane, str | None]:
+    """The plane an export reads from, and the job its reads carry: a server's plane is opened
+    with a job id (``$FABRIC_JOB``, else a new one) so the export can hint its read order."""
+    if not ctx.server:
+        return ctx.plane, None
+    from fabric.client.http import HttpPlane
+    from fabric.client.transfer import new_export_job
+    from fabric.plane.jobs import JOB_ENV
+
+    job = os.environ.get(JOB_ENV) or new_export_job()
+    return HttpPlane(ctx.server, ctx.token, job=job), job
 
 
 def register(cli: click.Group) -> None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 
-from fabric.errors import Conflict
+from fabric.errors import BadRequest, Conflict
 from fabric.format.filetypes import type_bits
 from fabric.format.paths import check_path
 
@@ -30,10 +31,13 @@ _NOT_A_DIR = (errno.ELOOP, errno.ENOTDIR)
 
 
 class DestDir:
-    """The directory ``root`` (created if missing; ``root`` itself may be a link)."""
+    """The directory ``root`` (created if missing; ``root`` itself may be a link to one).
+    BadRequest, changing nothing, when ``root`` is something else."""
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
+        if os.path.lexists(self.root) and not os.path.isdir(self.root):
+            raise BadRequest(f"{self.root} is not a directory")
         os.makedirs(self.root, exist_ok=True)
         self._fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
@@ -83,6 +87,43 @@ class DestDir:
         os.unlink(name, dir_fd=parent)  # a file or a symlink: removed, never followed
         os.mkdir(name, 0o755, dir_fd=parent)
         return os.open(name, _DIR_FLAGS, dir_fd=parent)
+
+    def unchanged(self, dir_fd: int, rel: str, size: int, mode: int, mtime_ns: int) -> bool:
+        """Whether ``rel``, whose directory is ``dir_fd``, is a regular file of ``size`` bytes
+        with permission bits ``mode`` modified at ``mtime_ns`` (rsync's quick check: the
+        content is not read). A symlink is never followed: a link, a directory or any other
+        kind of file there is not unchanged, whatever its size and time."""
+        try:
+            st = os.stat(_base_name(rel), dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return (
+            stat.S_ISREG(st.st_mode)
+            and st.st_size == size
+            and st.st_mtime_ns == mtime_ns
+            and stat.S_IMODE(st.st_mode) == mode
+        )
+
+    def read_small(self, dir_fd: int, rel: str, limit: int) -> bytes | None:
+        """The content of ``rel``, whose directory is ``dir_fd``, if it is a regular file of at
+        most ``limit`` bytes (a link is not followed, nor any other kind of file opened); else None."""
+        name = _base_name(rel)
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+                return None
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            return None  # missing, unreadable: nothing to reuse
+        try:
+            again = os.fstat(fd)
+            if not stat.S_ISREG(again.st_mode) or (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
+                return None  # replaced since: a device opened by mistake is closed unread
+            with open(fd, "rb", closefd=False) as f:
+                data = f.read(limit + 1)
+            return data if len(data) <= limit else None
+        finally:
+            os.close(fd)
 
     def write_file(self, dir_fd: int, rel: str, pieces: Iterable[bytes | int], mode: int, mtime_ns: int) -> None:
         """Write ``pieces`` to a temporary file and rename it over ``rel``, whose directory is ``dir_fd``.

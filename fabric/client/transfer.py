@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-import itertools
+import contextlib
+import logging
 import os
 import stat as stat_mod
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fabric.client.destdir import DestDir
-from fabric.client.filereader import WORKERS, batches, ingest_files
+from fabric.client.filereader import batches, ingest_files
 from fabric.client.hardlinks import local_groups, second_names, stored_group
-from fabric.errors import BadRequest, Corruption, NotFound
+from fabric.errors import BadRequest, Corruption, FabricError, NotFound
+from fabric.format import frames
+from fabric.format.chunking import chunk_id, cut
 from fabric.format.filetypes import kind_of_mode
 from fabric.format.links import names
 from fabric.format.model import BLOCKDEV, CHARDEV, DEFAULT_DIR_MODE, DIR, FILE, HOLE_ID, SPECIAL_KINDS, SYMLINK, Commit, Entry
@@ -20,6 +27,8 @@ from fabric.format.namespace import visible
 from fabric.format.paths import check_path
 from fabric.plane.dataplane import DataPlane
 from fabric.util.progress import Progress
+
+log = logging.getLogger("fabric.client")
 
 
 @dataclass
@@ -41,10 +50,10 @@ class ImportResult:
         return d
 
 
-@dataclass(frozen=True, slots=True)
-class LocalItem:
-    """What the walk found at one path before any file is read (slots: an import holds one
-    per local path until it commits)."""
+class LocalItem(NamedTuple):
+    """What the walk found at one path before any file is read (a tuple: an import holds one
+    per local path until it commits, and makes one per path twice as fast as a frozen
+    dataclass)."""
 
     path: str
     abspath: str
@@ -207,8 +216,12 @@ def import_directory(
 
 @dataclass
 class ExportResult:
+    #: Files, and their bytes, of the exported tree (written or left as they were).
     files: int = 0
     bytes: int = 0
+    #: Files already in the destination with the entry's size, mode and mtime: not written.
+    unchanged: int = 0
+    unchanged_bytes: int = 0
     dirs: int = 0
     symlinks: int = 0
     #: FIFOs, sockets and devices written.
@@ -219,6 +232,18 @@ class ExportResult:
     skipped: list[str] = field(default_factory=list)
 
 
+#: Threads of an export writing files: they wait on the network, so there are more of them
+#: than CPUs (a file costs at least one round trip to the server).
+EXPORT_WORKERS = 16
+
+Batch = list[tuple[str, Entry]]
+
+
+def new_export_job() -> str:
+    """A job id for one export's reads (``X-Fabric-Job``), under which its read order is hinted."""
+    return f"export:{uuid.uuid4().hex[:16]}"
+
+
 def export_tree(
     plane: DataPlane,
     repo: str,
@@ -226,12 +251,23 @@ def export_tree(
     dest: str,
     prefix: str = "",
     progress: Progress | None = None,
+    rewrite: bool = False,
+    job: str | None = None,
 ) -> ExportResult:
     """Write the files of the commit ``repo@ref`` points at (under ``prefix``) into ``dest``.
 
     Committed data only: a branch's uncommitted changes are not exported.
     Existing files at the same paths are replaced; other files in ``dest`` are
-    left alone. Modes and modification times are restored.
+    left alone. Modes and modification times are restored. A regular file
+    already in ``dest`` with the entry's size, mode and mtime (to the
+    nanosecond) is left as it is and counted in the result's ``unchanged``
+    (rsync's quick check); ``rewrite`` writes every file.
+
+    ``job``: the job id the plane's reads carry (``X-Fabric-Job``, e.g.
+    ``HttpPlane(job=)``). Given, the files to read are first sent to the plane
+    as that job's read order (:meth:`DataPlane.hint`), so a spoke fetches them
+    from its hub ahead of the reads, in large batches. The hint is best effort:
+    a plane that refuses it (a hub only checks it) changes nothing.
 
     Nothing is written outside ``dest`` (see :class:`DestDir`): no symlink is
     followed, whether the commit holds it or ``dest`` already did. A file or
@@ -264,37 +300,55 @@ def export_tree(
 
     dirs = {local(p) for p, e in items if e.kind == DIR}
     linked_to = second_names(items)  # hard links: made after their first name is written
-    by_dir: dict[str, list[tuple[str, Entry]]] = {}
+    by_dir: dict[str, Batch] = {}
     for path, entry in items:
         parts = local(path).split("/")
         dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
         if entry.kind != DIR and path not in linked_to:
             by_dir.setdefault("/".join(parts[:-1]), []).append((path, entry))
-    progress.start(sum(e.size for p, e in items if e.kind == FILE and p not in linked_to), "B", "export")
 
     with DestDir(dest) as out:
         for rel in sorted(dirs):  # parents first
             out.make_dir(rel)
+        if not rewrite:
+            by_dir = _drop_unchanged(out, by_dir, local, result)
+        tasks = [(parent, batch) for parent, files in by_dir.items() for batch in batches(files, lambda it: it[1].size)]
+        to_read = [p for _, batch in tasks for p, e in batch if e.kind == FILE]
+        total = sum(e.size for _, batch in tasks for _, e in batch if e.kind == FILE)
+        progress.start(total, "B", f"export ({result.unchanged} unchanged)" if result.unchanged else "export")
 
-        def write(task: tuple[str, list[tuple[str, Entry]]]) -> None:
+        def write(task: tuple[str, Batch]) -> None:
             parent, batch = task
+            chunks = _chunk_lists(plane, repo, commit, batch)
             with out.directory(parent) as dir_fd:
-                for path, entry in batch:
-                    if entry.kind == SYMLINK:
-                        out.write_symlink(dir_fd, local(path), entry.target, entry.mtime_ns)
-                    elif entry.kind in SPECIAL_KINDS:
-                        if out.write_special(dir_fd, local(path), entry.kind, entry.mode, entry.rdev, entry.mtime_ns):
-                            made.append(path)
-                        else:
-                            result.skipped.append(path)
-                    else:
-                        pieces = _advancing(_file_pieces(plane, repo, commit, path, entry), progress)
-                        out.write_file(dir_fd, local(path), pieces, entry.mode, entry.mtime_ns)
+                local_chunks = _old_chunks(out, dir_fd, [local(p) for p in chunks])
+                needed = [c for cl in chunks.values() for c in cl if c[0] != HOLE_ID and c[0] not in local_chunks]
+                feed = _Feed(plane, repo, needed, fetcher, ahead, local_chunks)
+                with contextlib.closing(feed):
+                    _write_batch(dir_fd, batch, chunks, feed)
 
-        tasks = ((parent, batch) for parent, files in by_dir.items() for batch in batches(files, lambda it: it[1].size))
-        with ThreadPoolExecutor(WORKERS) as pool:
+        def _write_batch(dir_fd: int, batch: Batch, chunks: dict[str, Sequence[tuple[bytes, int]]], feed: _Feed) -> None:
+            for path, entry in batch:
+                if entry.kind == SYMLINK:
+                    out.write_symlink(dir_fd, local(path), entry.target, entry.mtime_ns)
+                elif entry.kind in SPECIAL_KINDS:
+                    if out.write_special(dir_fd, local(path), entry.kind, entry.mode, entry.rdev, entry.mtime_ns):
+                        made.append(path)
+                    else:
+                        result.skipped.append(path)
+                else:
+                    pieces = _advancing(_file_pieces(chunks[path], feed), progress)
+                    out.write_file(dir_fd, local(path), pieces, entry.mode, entry.mtime_ns)
+
+        ahead = threading.Semaphore(EXPORT_AHEAD)
+        with ThreadPoolExecutor(EXPORT_WORKERS) as pool, ThreadPoolExecutor(EXPORT_WORKERS) as fetcher:
+            hinted = None
+            if job is not None and to_read:  # sent while the first files are read: no round trip to wait for
+                hinted = fetcher.submit(_announce, plane, repo, commit, to_read, job)
             for _ in pool.map(write, tasks):
                 pass
+            if hinted is not None:
+                hinted.result()  # a refusal was logged; anything else is a bug to see
         for path, first in linked_to.items():
             out.link(local(first), local(path))
         # Deepest first: a directory's time is set after its children changed it, and a
@@ -302,6 +356,42 @@ def export_tree(
         for path, entry in sorted(((p, e) for p, e in items if e.kind == DIR), key=lambda it: it[0].count("/"), reverse=True):
             out.set_dir_attrs(local(path), entry.mode, entry.mtime_ns)
     progress.close()
+    _count(items, result)
+    result.specials = len(made)
+    result.skipped.sort()
+    return result
+
+
+def _drop_unchanged(
+    out: DestDir, by_dir: dict[str, Batch], local: Callable[[str], str], result: ExportResult
+) -> dict[str, Batch]:
+    """``by_dir`` without the files ``out`` already holds unchanged (counted in ``result``)."""
+    kept: dict[str, Batch] = {}
+    for parent, batch in by_dir.items():
+        with out.directory(parent) as dir_fd:
+            rest = []
+            for path, entry in batch:
+                if entry.kind == FILE and out.unchanged(dir_fd, local(path), entry.size, entry.mode, entry.mtime_ns):
+                    result.unchanged += 1
+                    result.unchanged_bytes += entry.size
+                else:
+                    rest.append((path, entry))
+        if rest:
+            kept[parent] = rest
+    return kept
+
+
+def _announce(plane: DataPlane, repo: str, commit: str, paths: list[str], job: str) -> None:
+    """Tell the plane ``job`` reads ``paths`` in this order; a refusal is only logged."""
+    try:
+        reply = plane.hint(repo, commit, paths, job)
+    except FabricError as exc:
+        log.debug("export: hint of %d paths for job %s refused: %s", len(paths), job, exc.message)
+        return
+    log.debug("export: hinted %d paths (%d bytes) for job %s, window %d", reply["paths"], reply["bytes"], job, reply["window_bytes"])
+
+
+def _count(items: list[tuple[str, Entry]], result: ExportResult) -> None:
     for _, entry in items:
         if entry.kind == FILE:
             result.files += 1
@@ -310,30 +400,139 @@ def export_tree(
             result.dirs += 1
         elif entry.kind == SYMLINK:
             result.symlinks += 1
-    result.specials = len(made)
-    result.skipped.sort()
-    return result
 
 
-def _file_pieces(plane: DataPlane, repo: str, commit: str, path: str, entry: Entry) -> Iterator[bytes | int]:
+#: Bytes of chunks an export asks for in one ``frames`` call (a window of a task's files).
+EXPORT_WINDOW = 4 * 1024 * 1024
+#: Windows fetched ahead of those being written, all tasks of an export together: besides the
+#: window each writing thread holds, an export holds at most this many (memory), and a single
+#: large file keeps this many requests in flight (bandwidth over a long round trip).
+EXPORT_AHEAD = 8
+
+
+class _Feed:
+    """The raw bytes of a task's chunks, in the order its files are written: one ``frames``
+    call per window of :data:`EXPORT_WINDOW` bytes, later windows fetched by ``fetcher``
+    while earlier ones are written, as far as the export's shared budget ``ahead`` allows.
+    Each frame is checked against its id."""
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        repo: str,
+        ids: list[tuple[bytes, int]],
+        fetcher: ThreadPoolExecutor,
+        ahead: threading.Semaphore,
+        local: dict[bytes, memoryview] | None = None,
+    ) -> None:
+        """``ids``: the chunks to fetch, in order; ``local``: chunks at hand (by id), never fetched."""
+        self._plane, self._repo, self._fetcher, self._ahead = plane, repo, fetcher, ahead
+        self._local = local or {}
+        self._windows = _windows(ids)
+        self._next = 0  # the first window not asked for yet
+        self._pending: deque[tuple[Future[dict[bytes, bytes]], bool]] = deque()  # and: holds a budget slot
+        self._current: dict[bytes, bytes] = {}
+
+    def take(self, cid: bytes) -> bytes:
+        """The bytes of ``cid``, the next chunk of the order (a window is dropped once passed)."""
+        raw = self._local.get(cid) or self._current.get(cid)
+        if raw is None:
+            self._current = self._advance()
+            raw = self._current.get(cid)
+            if raw is None:
+                raise Corruption(f"chunk {cid.hex()} asked out of the export's order")
+        return raw
+
+    def close(self) -> None:
+        """Give back the budget of windows fetched ahead and not used (an export that failed)."""
+        while self._pending:
+            fut, slot = self._pending.popleft()
+            fut.cancel()
+            if slot:
+                self._ahead.release()
+
+    def _advance(self) -> dict[bytes, bytes]:
+        if not self._pending:
+            self._ask(slot=False)
+        fut, slot = self._pending.popleft()
+        if slot:
+            self._ahead.release()
+        while self._next < len(self._windows) and self._ahead.acquire(blocking=False):
+            self._ask(slot=True)
+        return fut.result()
+
+    def _ask(self, slot: bool) -> None:
+        if self._next >= len(self._windows):
+            raise Corruption("the export read past its chunk list")
+        window = self._windows[self._next]
+        self._next += 1
+        self._pending.append((self._fetcher.submit(_fetch_window, self._plane, self._repo, window), slot))
+
+
+#: A file of at most this size already at a path an export writes is read first: the chunks
+#: it shares with the new version are taken from it, not fetched (rsync's basis file).
+BASIS_MAX = 8 * 1024 * 1024
+
+
+def _old_chunks(out: DestDir, dir_fd: int, rels: list[str]) -> dict[bytes, memoryview]:
+    """The chunks of the files at ``rels`` in ``out`` (regular files of at most
+    :data:`BASIS_MAX` bytes, :data:`BASIS_MAX` in all), by id: cut as the repository's
+    chunker cuts, so a chunk the new version shares has the same id."""
+    found: dict[bytes, memoryview] = {}
+    budget = BASIS_MAX
+    for rel in rels:
+        old = out.read_small(dir_fd, rel, budget)
+        if not old:
+            continue
+        budget -= len(old)
+        for piece in cut(old):
+            found.setdefault(chunk_id(piece), piece)
+    return found
+
+
+def _windows(ids: list[tuple[bytes, int]]) -> list[list[bytes]]:
+    """Distinct ids of consecutive runs of ``ids`` of at most :data:`EXPORT_WINDOW` bytes (or one chunk)."""
+    out: list[list[bytes]] = []
+    window: dict[bytes, None] = {}
+    size = 0
+    for cid, n in ids:
+        if window and size + n > EXPORT_WINDOW and cid not in window:
+            out.append(list(window))
+            window, size = {}, 0
+        if cid not in window:
+            window[cid] = None
+            size += n
+    if window:
+        out.append(list(window))
+    return out
+
+
+def _fetch_window(plane: DataPlane, repo: str, ids: list[bytes]) -> dict[bytes, bytes]:
+    wanted = set(ids)
+    got: dict[bytes, bytes] = {}
+    for cid, frame in plane.frames(ids, repo=repo):
+        if cid in wanted and cid not in got:
+            got[cid] = frames.decode(frame, cid)
+    if len(got) != len(wanted):
+        lost = next(cid for cid in ids if cid not in got)
+        raise Corruption(f"the server sent {len(got)} of {len(ids)} chunks asked for (first missing: {lost.hex()})")
+    return got
+
+
+def _chunk_lists(plane: DataPlane, repo: str, commit: str, batch: Batch) -> dict[str, Sequence[tuple[bytes, int]]]:
+    """The chunk list of each file of ``batch``; a long one (not inline) is fetched."""
+    return {
+        path: plane.stat_chunks(repo, commit, path).chunks if entry.chunklist else entry.chunks
+        for path, entry in batch
+        if entry.kind == FILE
+    }
+
+
+def _file_pieces(chunks: Sequence[tuple[bytes, int]], feed: _Feed) -> Iterator[bytes | int]:
     """The content of a file to export: its bytes, and for each hole of a sparse file its
     length (an int: :meth:`DestDir.write_file` leaves a hole), whose zeros are never read."""
-    chunks = entry.chunks
-    if entry.chunklist and "-" in entry.md5:
-        # Only a file whose ETag is not the MD5 of its content may have holes (see
-        # fabric.format.ingest.sparse_etag): its long chunk list is fetched to find them.
-        chunks = plane.stat_chunks(repo, commit, path).chunks
-    if all(cid != HOLE_ID for cid, _ in chunks):
-        yield from plane.open_file(repo, commit, path, entry)
-        return
-    pos = 0
-    for hole, run in itertools.groupby(chunks, key=lambda c: c[0] == HOLE_ID):
-        n = sum(size for _, size in run)
-        if hole:
-            yield n
-        else:
-            yield from plane.open_file(repo, commit, path, entry, pos, n)
-        pos += n
+    for cid, n in chunks:
+        yield n if cid == HOLE_ID else feed.take(cid)
 
 
 def _advancing(pieces: Iterator[bytes | int], progress: Progress) -> Iterator[bytes | int]:
