@@ -19,6 +19,7 @@ from fabric.client.http import HttpPlane
 from fabric.client.upload import PipelinedSink
 from fabric.format import frames, packs
 from fabric.format.chunking import chunk_id
+from fabric.format.ingest import PackSession
 from tests.hubserver import Hub
 
 KIB = 1024
@@ -57,7 +58,7 @@ class _Server:
 
 
 def _sink(server: _Server, batch: int = 16 * KIB, depth: int = 2) -> PipelinedSink:
-    return PipelinedSink(server.missing, server.deliver, 64 * KIB, batch_bytes=batch, depth=depth)
+    return PipelinedSink(PackSession(server.missing, server.deliver, 64 * KIB), batch_bytes=batch, depth=depth)
 
 
 def _offer(sink: PipelinedSink, chunks) -> None:

@@ -625,11 +625,14 @@ class HttpPlane(DataPlane):
         """New chunks go up as packs of only the frames the server lacks (for ``repo``), asked
         and uploaded in background threads (see :mod:`fabric.client.upload`)."""
         from fabric.client.upload import PipelinedSink  # chunker, hashes, zstd: only for writes (cheap CLI start-up)
+        from fabric.format.ingest import PackSession
 
         return PipelinedSink(
-            lambda ids: self.missing_chunks(ids, repo=repo),
-            lambda b: self.receive_pack(b.finish(), repo=repo),
-            UPLOAD_PACK_SIZE,
+            PackSession(
+                lambda ids: self.missing_chunks(ids, repo=repo),
+                lambda b: self.receive_pack(b.finish(), repo=repo),
+                UPLOAD_PACK_SIZE,
+            )
         )
 
     # -- administration ------------------------------------------------------------

@@ -19,10 +19,9 @@ leaves the branch as it was.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from fabric.format import packs
 from fabric.format.ingest import PackSession
 
 #: Raw bytes of chunks per background batch (one question to the server each).
@@ -41,15 +40,9 @@ class PipelinedSink:
     are final once :meth:`close` returns. Safe to use from many threads.
     """
 
-    def __init__(
-        self,
-        missing: Callable[[Sequence[bytes]], list[bytes]],
-        deliver: Callable[[packs.PackBuilder], None],
-        pack_size: int,
-        batch_bytes: int = BATCH_BYTES,
-        depth: int = DEPTH,
-    ) -> None:
-        self._session = PackSession(missing, deliver, pack_size)
+    def __init__(self, session: PackSession, batch_bytes: int = BATCH_BYTES, depth: int = DEPTH) -> None:
+        """``session``: the sink the background batches feed (it asks, frames and delivers)."""
+        self._session = session
         self._batch_bytes = batch_bytes
         self._depth = depth
         self._lock = threading.Lock()
