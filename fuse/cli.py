@@ -68,6 +68,9 @@ last few MiB and the durability round trip.
 The mount outlives its server: while the server restarts (or every server
 of a list is away), requests wait and resume; after --server-timeout
 seconds without it they fail with EIO, and work again once it is back.
+Only 5 requests at a time wait for a server that is away (the others
+would hold every mount thread): further requests that need the server
+fail with EIO at once, and what needs no server is answered meanwhile.
 
 \b
 Errors for what the mount does not do:
@@ -77,7 +80,8 @@ Errors for what the mount does not do:
   EINVAL        rename with RENAME_EXCHANGE / RENAME_WHITEOUT
   EILSEQ        file names that are not valid UTF-8
   ENAMETOOLONG  names over 255 bytes, paths over 4096 bytes
-  EIO           server away for longer than --server-timeout
+  EIO           server away for longer than --server-timeout (or away while
+                5 requests already wait for it)
   ENOSPC        the spoke has had no room for writes not yet at the hub for
                 its --full-wait (a write first waits while the spoke pushes
                 earlier ones to the hub: back-pressure, not failure)

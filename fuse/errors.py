@@ -25,6 +25,7 @@ from fabric.errors import (
     Unauthorized,
 )
 from fabric.plane.retry import ServerGone
+from fuse.outage import ThreadsBusy
 
 log = logging.getLogger("fabric.fuse")
 
@@ -75,7 +76,7 @@ def op(fn: Callable) -> Callable:
             raise
         except Exception as exc:
             code = fs_errno(exc)
-            if code == errno.EIO:
+            if code == errno.EIO and not isinstance(exc, ThreadsBusy):  # (logged once per outage)
                 log.error("%s%r failed: %s", name, args[:1], exc, exc_info=not isinstance(exc, (FabricError, ServerGone)))
             else:
                 log.debug("%s%r: %s", name, args[:1], exc)

@@ -9,7 +9,8 @@ unlink, symlink, rename), :mod:`fuse.attrs` (getattr and attribute changes),
 :mod:`fuse.directories` (directory handles and listings), :mod:`fuse.links`
 (hard links) and :mod:`fuse.commits` (background staging and commits). They share
 :class:`~fuse.state.MountState`; every data-plane call goes through one
-:class:`~fabric.plane.retry.RetryingPlane`, so the mount rides out server restarts.
+:class:`~fabric.plane.retry.RetryingPlane`, so the mount rides out server restarts; during
+an outage, only some of libfuse's threads may wait for the server (:mod:`fuse.outage`).
 
 Read-only mounts of a commit or tag are immutable: listings, entries and
 chunks are cached for good, and the kernel keeps its page cache and
@@ -38,7 +39,8 @@ Errors (also listed in ``fabric mount --help``):
 - ``EILSEQ``: a file name that is not valid UTF-8.
 - ``ENAMETOOLONG``: a name over 255 bytes (for every call: its lookup comes first, as on
   ext4) or a path over 4096 bytes.
-- ``EIO``: the server stayed unreachable for longer than ``--server-timeout``, or
+- ``EIO``: the server stayed unreachable for longer than ``--server-timeout`` (or is
+  unreachable while as many requests wait for it as may: :mod:`fuse.outage`), or
   sent data that failed verification twice. The mount stays usable.
 - ``EACCES``: the token may not read (or write) the repository.
 
@@ -65,15 +67,15 @@ from typing import Any
 
 import mfusepy
 
-from fabric.plane.retry import Health, RetryingPlane
 from fuse.attrs import Attributes
 from fuse.commits import Committer
 from fuse.config import MountConfig
 from fuse.directories import Directories
 from fuse.errors import err, op
-from fuse.libfuse import configure
+from fuse.libfuse import MAX_THREADS, WAIT_RESERVE, configure
 from fuse.links import Links
 from fuse.namespace_changes import NamespaceChanges
+from fuse.outage import MountHealth, MountPlane
 from fuse.read_path import ReadPath
 from fuse.state import MountState, rel
 from fuse.stats import Stats
@@ -89,8 +91,9 @@ class FabricFS(mfusepy.Operations):
     use_ns = True
 
     def __init__(self, plane: Any, config: MountConfig, *, branch: bool, commit_id: str, commit_time: float) -> None:
-        self.health = Health(config.server_timeout)
-        self.state = MountState(RetryingPlane(plane, self.health), config, branch=branch, commit_id=commit_id, commit_time=commit_time)
+        # At most MAX_THREADS - WAIT_RESERVE FUSE threads wait for an unreachable server (fuse.outage).
+        self.health = MountHealth(config.server_timeout, MAX_THREADS - WAIT_RESERVE)
+        self.state = MountState(MountPlane(plane, self.health), config, branch=branch, commit_id=commit_id, commit_time=commit_time)
         self.stats = Stats()
         self.reads = ReadPath(self.state)
         self.writes = WritePath(self.state, self.reads)

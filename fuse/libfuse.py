@@ -1,7 +1,7 @@
 """What fabric needs from libfuse beyond mfusepy's defaults: the connection settings
 asked for at INIT, invalidating the kernel's cache of a path, and :class:`FabricFUSE`
 (cacheable directory handles, READDIRPLUS, rename flags, file handles on setattr,
-reads copied straight into the kernel's buffer)."""
+reads copied straight into the kernel's buffer, callbacks marked for :mod:`fuse.outage`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import mfusepy
 
 from fuse.config import MountConfig
 from fuse.errors import fs_errno
+from fuse.outage import begin_op, end_op
 
 log = logging.getLogger("fabric.fuse")
 
@@ -28,6 +29,9 @@ FOREVER = 365 * 24 * 3600.0
 #: third more CPU per byte read than 4-8). Slow requests wait on the fetcher's own
 #: workers, so a few threads still keep the disk and the network busy.
 MAX_THREADS = 8
+#: Threads kept from requests that wait for an unreachable server (:mod:`fuse.outage`): a
+#: lookup, a listing, a close or a read of cached data is answered during an outage.
+WAIT_RESERVE = 3
 FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
 FUSE_CAP_HANDLE_KILLPRIV = 1 << 20
 FUSE_READDIR_PLUS = 1
@@ -73,6 +77,15 @@ def invalidate_path(p: str) -> None:
 class FabricFUSE(mfusepy.FUSE):
     """mfusepy's FUSE with what fabric needs beyond it: cacheable directory handles,
     READDIRPLUS (names with attributes), rename flags, and file handles on setattr."""
+
+    def _wrapper(self, func, *args, **kwargs):
+        """Every callback: marks its thread as a FUSE thread for :mod:`fuse.outage` (which bounds
+        the threads waiting for an unreachable server) and gives back its place at return."""
+        begin_op(getattr(func, "__name__", ""))
+        try:
+            return super()._wrapper(func, *args, **kwargs)
+        finally:
+            end_op()
 
     def read(self, path: bytes | None, buf, size: int, offset: int, fip) -> int:
         """The operations copy the bytes once, straight into the kernel's buffer."""

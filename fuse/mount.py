@@ -218,6 +218,7 @@ def write_stats(mountpoint: str, fs: FabricFS) -> None:
         "memory_cache_bytes": fs.reads.memory.size,
         "server_outages": fs.health.outages,
         "server_retries": fs.health.retries,
+        "server_waits_refused": fs.health.refused,  # failed at once: no thread left to wait (fuse.outage)
         "unstaged_files": sum(1 for w in list(fs.state.files.values()) if w.dirty),
         "streamed_writes": fs.state.streams.snapshot() if fs.state.streams is not None else None,
     }

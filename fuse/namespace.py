@@ -32,6 +32,7 @@ from typing import Any
 from fabric.format.model import DIR, FILE, Entry
 from fabric.format.namespace import visible
 from fabric.plane.retry import RetryingPlane, ServerGone
+from fuse.outage import acquire
 
 LIST_PAGE = 10_000
 #: Opens remembered per sibling order: a scan by two readers in parallel (interleaved) is still one.
@@ -139,7 +140,14 @@ class Namespace:
             return d  # type: ignore[return-value]
         with self._guard:
             lock = self._loading.setdefault(path, threading.Lock())
-        with lock:
+        try:
+            # Its holder may be waiting for the server: so may this thread then (fuse.outage).
+            acquire(getattr(self.plane, "health", None), lock)
+        except ServerGone:
+            if d is None:
+                raise
+            return d  # the server is away: an expired listing beats an error
+        try:
             d = self._dirs.get(path)
             if self._fresh(d):
                 return d  # type: ignore[return-value]
@@ -155,6 +163,8 @@ class Namespace:
                 if (self._versions.get(path, 0), self._epoch) == seen:
                     self._dirs[path] = new
             return new
+        finally:
+            lock.release()
 
     def cached(self, path: str) -> Dir | None:
         return self._dirs.get(path)

@@ -29,6 +29,7 @@ from fabric.format.model import HOLE_ID
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.retry import RetryingPlane
 from fuse.direct import DirectReader
+from fuse.outage import result
 
 log = logging.getLogger("fabric.fuse")
 
@@ -103,7 +104,8 @@ class Fetcher:
         if mine:
             out.update(self._load(mine))
         for cid, fut in waits:
-            out[cid] = fut.result()
+            # Another thread fetches it: during an outage, waiting for it is waiting for the server.
+            out[cid] = result(getattr(self.plane, "health", None), fut)
         return out
 
     def read_cached_into(self, cid: bytes, dst: memoryview) -> bool:
