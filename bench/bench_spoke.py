@@ -16,6 +16,11 @@ bytes that cross it (TCP payload both ways, protocol included):
 * fabric-hub (tool ``fabric-hub``): the same v1 and v2 exports straight from the
   hub across the link, no spoke (``fabric --server PROXY-TO-HUB export``).
 
+* fabric-mount (tool ``fabric-mount``): a read-only ``fabric mount`` of the same cold spoke,
+  ``bench@COMMIT`` of each version (mounted untimed), read by the tools a user runs on it::
+
+      cp -a MOUNT-V1/. out/ ; rsync -a --delete MOUNT-V2/ out/
+
 * rsync: ``rsync -> WAN -> rsync daemon`` (modules v1, v2 read-only)::
 
       rsync -a --delete --stats rsync://PROXY/v1/ dst/ ; rsync -a --delete --stats rsync://PROXY/v2/ dst/
@@ -41,6 +46,7 @@ the reference.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import filecmp
 import json
 import os
@@ -49,6 +55,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -64,6 +71,7 @@ from _common import (
     run,
     run_timed,
     save_report,
+    unmount,
     with_retries,
 )
 from bench_remote import (
@@ -140,42 +148,112 @@ def changed_files(manifest: dict, v2: str) -> list[str]:
 
 
 # -- tools --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _fresh_hub(a: argparse.Namespace, ctx: dict, name: str) -> Iterator[tuple[str, Hub]]:
+    """A new work directory ``name`` and a hub started on a copy of the v1 template store in it;
+    both gone on the way out."""
+    base = os.path.join(a.work, name)
+    remove(base)
+    os.makedirs(base)
+    shutil.copytree(ctx["template_v1"], os.path.join(base, "hub"))
+    hub = Hub(a.python, os.path.join(base, "hub"))
+    try:
+        yield base, hub
+    finally:
+        hub.stop()
+        remove(base)
+
+
 def fabric_round(a: argparse.Namespace, ctx: dict, r: int, via_spoke: bool = True) -> dict:
     """``fabric export`` of v1 into an empty directory, then of v2 into the same one (in place: only
     files whose size or mtime differ are written). Through a cold spoke (``via_spoke``; then also
     "v2-warm": v2 into an empty directory from the now-warm spoke, no WAN bytes: the local cost of
     a whole export), or straight from the hub across the WAN."""
     name = "fabric" if via_spoke else "fabric-hub"
-    base = os.path.join(a.work, f"spoke-{name}-{r}")
-    remove(base)
-    os.makedirs(base)
-    shutil.copytree(ctx["template_v1"], os.path.join(base, "hub"))
-    hub = Hub(a.python, os.path.join(base, "hub"))
-    spoke = None
-    try:
-        with wan(hub.port, a.rtt_ms, a.rate_mbit) as proxy:
-            if via_spoke:
-                spoke = Spoke(a.python, proxy.url_for(), os.path.join(base, "cache"), a.cache_size, hub.token)
-                spoke.stats()  # the spoke checks the caller's token with the hub once; not part of the reads
+    with _fresh_hub(a, ctx, f"spoke-{name}-{r}") as (base, hub), wan(hub.port, a.rtt_ms, a.rate_mbit) as proxy:
+        with _cold_spoke(a, base, hub, proxy) if via_spoke else contextlib.nullcontext() as spoke:
             out: dict = {"tool": name}
             for ver in ("v1", "v2", "v2-warm") if via_spoke else ("v1", "v2"):
                 dst = os.path.join(base, "out-v2-warm" if ver == "v2-warm" else "out")
                 if ver == "v2":
-                    commit = json.loads(run(hub.cli("import", ctx["v2"], "bench@main", "-m", "v2"), env=fabric_env()))["commit_id"]
-                    deadline = time.monotonic() + 60
-                    while spoke is not None and spoke.head("bench", "main") != commit:  # the hub's watch stream tells the spoke
-                        if time.monotonic() > deadline:
-                            raise SystemExit("the spoke did not see the v2 commit within 60 s")
-                        time.sleep(0.05)
+                    _import_v2(hub, spoke, ctx)
                 out[ver] = _fabric_phase(proxy, hub, spoke, dst)
                 stale = ctx["v1_only"] if ver == "v2" else frozenset()
                 verify(dst, ctx[ver[:2]], ctx["changed"] if ver != "v1" else [], stale)
             return out
+
+
+@contextlib.contextmanager
+def _cold_spoke(a: argparse.Namespace, base: str, hub: Hub, proxy: WanProxy) -> Iterator[Spoke]:
+    """A spoke with an empty cache under ``base``, whose hub is ``hub`` across ``proxy``."""
+    spoke = Spoke(a.python, proxy.url_for(), os.path.join(base, "cache"), a.cache_size, hub.token)
+    try:
+        spoke.stats()  # the spoke checks the caller's token with the hub once; not part of the reads
+        yield spoke
     finally:
-        if spoke is not None:
-            spoke.stop()
-        hub.stop()
-        remove(base)
+        spoke.stop()
+
+
+def _import_v2(hub: Hub, spoke: Spoke | None, ctx: dict) -> str:
+    """Import v2 at the hub (untimed, not over the WAN); its commit, once the spoke (if any) has it."""
+    commit = json.loads(run(hub.cli("import", ctx["v2"], "bench@main", "-m", "v2"), env=fabric_env()))["commit_id"]
+    deadline = time.monotonic() + 60
+    while spoke is not None and spoke.head("bench", "main") != commit:  # the hub's watch stream tells the spoke
+        if time.monotonic() > deadline:
+            raise SystemExit("the spoke did not see the v2 commit within 60 s")
+        time.sleep(0.05)
+    return commit
+
+
+def mount_round(a: argparse.Namespace, ctx: dict, r: int) -> dict:
+    """A spoke's FUSE mount read by the tools a user would run on it: ``cp -a`` of v1 into an
+    empty directory from a cold spoke, then ``rsync -a --delete`` of v2 into the same directory
+    (rsync's quick check, size and mtime, skips the unchanged files; a local rsync copies
+    changed files whole). Each version is its own read-only mount of ``bench@COMMIT`` (mounted
+    and unmounted untimed)."""
+    with _fresh_hub(a, ctx, f"spoke-fabric-mount-{r}") as (base, hub), wan(hub.port, a.rtt_ms, a.rate_mbit) as proxy:
+        with _cold_spoke(a, base, hub, proxy) as spoke:
+            dst = os.path.join(base, "out")
+            out: dict = {"tool": "fabric-mount"}
+            for ver in ("v1", "v2"):
+                commit = _import_v2(hub, spoke, ctx) if ver == "v2" else spoke.head("bench", "main")
+                mp = os.path.join(base, f"mnt-{ver}")
+                with _mounted(a.python, spoke, f"bench@{commit}", mp, os.path.join(base, f"mount-{ver}.log")):
+                    cmd = ["cp", "-a", f"{mp}/.", dst] if ver == "v1" else ["rsync", "-a", "--delete", f"{mp}/", f"{dst}/"]
+                    if ver == "v1":
+                        os.makedirs(dst)
+                    st0 = spoke.stats()
+                    t, w = timed_phase(cmd, proxy, servers=(spoke.proc.pid, hub.proc.pid, _mount_pid(mp)))
+                    st1 = spoke.stats()
+                out[ver] = {"wall": t.wall, "cpu": t.cpu, "wire": w, "cmd": shlex.join(t.cmd),
+                            "upstream_requests": st1["upstream_requests"] - st0["upstream_requests"]}
+                verify(dst, ctx[ver], ctx["changed"] if ver == "v2" else [])
+            return out
+
+
+@contextlib.contextmanager
+def _mounted(python: str, spoke: Spoke, target: str, mp: str, log: str) -> Iterator[str]:
+    """``fabric mount SPOKE TARGET MP`` (read-only, the defaults), unmounted on the way out."""
+    os.makedirs(mp, exist_ok=True)
+    env = dict(fabric_env(), FABRIC_TOKEN=spoke.token)
+    run(fabric_cmd(python) + ["mount", spoke.url, target, mp, "--log-file", log], env=env)
+    try:
+        yield mp
+    finally:
+        unmount(mp)
+
+
+def _mount_pid(mp: str) -> int:
+    """The process of the ``fabric mount`` serving ``mp``."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"mount" in args and mp.encode() in args:
+            return int(pid)
+    raise SystemExit(f"no fabric mount process serves {mp}")
 
 
 def _fabric_phase(proxy: WanProxy, hub: Hub, spoke: Spoke | None, dst: str) -> dict:
@@ -277,7 +355,7 @@ def prepare(a: argparse.Namespace, data: str, ctx: dict) -> None:
     os.makedirs(prep)
     ctx["prep"] = prep
     t0 = time.perf_counter()
-    if "fabric" in a.tools or "fabric-hub" in a.tools:
+    if {"fabric", "fabric-hub", "fabric-mount"} & set(a.tools):
         local_store(a.python, os.path.join(prep, "hub-v1"), "bench", ctx["v1"])
         ctx["template_v1"] = os.path.join(prep, "hub-v1")
     if a.listing:
@@ -314,6 +392,8 @@ def run_rounds(a: argparse.Namespace, ctx: dict) -> tuple[list[dict], list[dict]
         for tool in order:
             if tool in ("fabric", "fabric-hub"):
                 got[tool] = with_retries(fabric_round, a, ctx, r, tool == "fabric")
+            elif tool == "fabric-mount":
+                got[tool] = with_retries(mount_round, a, ctx, r)
             elif tool == "rclone":
                 got[tool] = with_retries(rclone_round, a, ctx, r)
             else:
@@ -334,7 +414,7 @@ def run_rounds(a: argparse.Namespace, ctx: dict) -> tuple[list[dict], list[dict]
 
 
 def summarize(rounds: list[dict], listings: list[dict], manifest: dict) -> dict:
-    tools = [t for t in ("fabric", "fabric-hub", "rsync", "rsync-z", "rclone") if t in rounds[0]]
+    tools = [t for t in ("fabric", "fabric-hub", "fabric-mount", "rsync", "rsync-z", "rclone") if t in rounds[0]]
     size = {"v1": manifest["v1"]["bytes"], "v2": manifest["v2"]["bytes"]}
     s: dict = {"tools": {}}
     for t in tools:
@@ -355,7 +435,7 @@ def summarize(rounds: list[dict], listings: list[dict], manifest: dict) -> dict:
                 "server_cpu": median([w["wire"]["server_cpu"] for w in rows]),
                 "mb_per_s": median([size[v[:2]] / w["wall"] / MB for w in rows]),
             }
-            if t == "fabric":
+            if t in ("fabric", "fabric-mount"):
                 x["upstream_requests"] = median([w["upstream_requests"] for w in rows])
             s["tools"][t][v] = x
     s["ratios"] = {}
@@ -434,6 +514,11 @@ def render(results: dict) -> str:
                      "the local cost of a whole export")
     if "fabric-hub" in s["tools"]:
         lines.append("- fabric-hub: `fabric --server HUB export` straight across the link (no spoke); server CPU = hub")
+    if "fabric-mount" in s["tools"]:
+        f = s["tools"]["fabric-mount"]
+        lines.append("- fabric-mount: `cp -a` (v1) and `rsync -a --delete` (v2, in place) from a read-only mount of a cold "
+                     f"spoke; upstream requests v1 {f['v1']['upstream_requests']:.0f}, v2 {f['v2']['upstream_requests']:.0f}; "
+                     "client CPU = cp/rsync; server CPU = spoke + hub + the mount process")
     for peer, r in s["ratios"].items():
         goal = ""
         if peer in ("rsync", "rsync-z"):

@@ -312,6 +312,22 @@ def test_file_deleted_behind_the_cache_is_a_miss(tmp_path) -> None:
     assert cache.used == 0
 
 
+def test_a_longer_file_is_dropped_and_a_directory_removed_behind_the_cache_is_made_again(tmp_path) -> None:
+    import shutil
+
+    cache = DiskCache(str(tmp_path / "c"), 1 << 20)
+    cache.put(key("a"), bytes(5000))
+    with open(cache._path(key("a")), "ab") as f:
+        f.write(b"more")
+    assert cache.get(key("a")) is None and cache.stats()["cache_corruptions"] == 1
+    # The cache remembers which fan-out directories it made; one removed since is made again.
+    cache.put(key("b"), b"first")
+    shutil.rmtree(os.path.dirname(cache._path(key("b"))))
+    same_dir = next(key(f"b{i}") for i in range(10_000) if key(f"b{i}").hex()[:2] == key("b").hex()[:2])
+    assert cache.put(same_dir, b"second") is True
+    assert cache.get(same_dir) == b"second"
+
+
 def test_a_blob_that_cannot_be_written_is_not_cached_but_a_pinned_one_raises(tmp_path) -> None:
     cache = DiskCache(str(tmp_path / "c"), 1 << 20)
     data = b"x" * 1000
