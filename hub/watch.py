@@ -38,6 +38,8 @@ from fabric.errors import Forbidden, Unauthorized
 from .spokes import SpokeRegistry
 
 POLL_SECONDS = 0.1
+#: Events read from the catalog at a time; ``once`` reads page after page until it is caught up.
+PAGE = 1000
 HEARTBEAT_SECONDS = 5.0
 #: How often an open stream checks its caller's token again.
 REAUTH_SECONDS = 2.0
@@ -104,7 +106,7 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal], regis
                         yield _line({"type": "error", "code": exc.code, "message": exc.message})
                         return
                     checked = time.monotonic()
-                events = await anyio.to_thread.run_sync(functools.partial(catalog.events_after, seq, repo))
+                events = await anyio.to_thread.run_sync(functools.partial(catalog.events_after, seq, repo, PAGE))
                 if events and events[0][0] > seq + 1 and await _missed(catalog, seq):
                     # A gap: events after ``seq`` may have been pruned (sequences have gaps of their own).
                     yield _line({"type": "resync", "seq": await anyio.to_thread.run_sync(catalog.last_event_seq)})
@@ -118,7 +120,7 @@ def watch_router(catalog: Catalog, authenticate: Callable[..., Principal], regis
                             record.sent(s)
                 if record is not None and events:
                     record.seq = max(record.seq, seq)
-                if once:
+                if once and len(events) < PAGE:  # (a full page: more may follow, visible to this caller or not)
                     return
                 if time.monotonic() - last_sent > HEARTBEAT_SECONDS:
                     yield _line({"type": "heartbeat", "seq": seq})

@@ -295,3 +295,21 @@ def test_deleting_a_repository_forgets_its_chunks(sqlite_engine: Engine):
 
 def _stream(data: bytes) -> io.BytesIO:
     return io.BytesIO(data)
+
+
+def test_watch_once_reads_past_a_page_of_other_repositories_events(hub: Hub):
+    """``once`` returns every event after ``since`` the token may see, however many events of
+    other repositories come first (the catalog is read a page at a time)."""
+    from hub.watch import PAGE
+
+    a, b = make_repo(hub, "iso-pa"), make_repo(hub, "iso-pb")
+    tok = make_token(hub, "pager", {a: "read"})
+    with hub.client() as admin:
+        start = json.loads(admin.get(f"{API}/watch", params={"once": "true"}).text.splitlines()[0])["seq"]
+        for i in range(PAGE + 5):
+            assert admin.post(f"{API}/repos/{b}/branches", json={"name": f"b{i}", "source": "main"}).status_code == 201
+        assert admin.post(f"{API}/repos/{a}/branches", json={"name": "late", "source": "main"}).status_code == 201
+    with httpx.Client(base_url=hub.url, headers={"Authorization": f"Bearer {tok['token']}"}, timeout=30) as c:
+        lines = [json.loads(x) for x in c.get(f"{API}/watch", params={"once": "true", "since": start}).text.splitlines()]
+    events = [e for e in lines if e.get("type") != "heartbeat"]
+    assert [(e["repo"], e["name"]) for e in events] == [(a, "late")], events[:3]
