@@ -12,7 +12,15 @@ costs one entry per path, not one per chunk. The window is worked out again once
 read position has gone :data:`REFILL_FRACTION` of it (or a hint changed the order), not
 at every read: a job reading 4 MiB at a time through a 256 MiB window would otherwise
 have the spoke walk the whole window 64 times per window read (measured: the lookahead
-thread took about half the spoke's Python time in a 1.1 GiB export).
+thread took about half the spoke's Python time in a 1.1 GiB export). A refill asks the
+fetcher only for the chunks the previous window did not hold.
+
+The cache's read plan for the job (:meth:`fabric.cache.disk.DiskCache.plan`) reaches
+further than the window: the next :data:`PLAN_IDS` chunks of the order. Chunks it lists
+that the cache holds are evicted only after every chunk no plan lists, the one read
+last first: with a data set larger than the cache, what the job will read stays and
+what it has read goes (without it, an epoch in a new random order evicted what it was
+about to read). The plan is worked out again once the job has read half of it.
 
 Bounds: ``window_bytes`` of chunks ahead of each job's position; :data:`MAX_PATHS`
 paths hinted in all (a new hint makes room by dropping the least recently active
@@ -23,12 +31,14 @@ orders of other jobs); :data:`MAX_ORDERS` orders; an order idle for
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from fabric.cache.plans import PLAN_MAX_IDS
 from fabric.errors import BadRequest, FabricError
 from fabric.format.model import HOLE_ID, Entry
 
@@ -40,6 +50,11 @@ log = logging.getLogger("fabric.spoke")
 WINDOW_BYTES = 256 * 1024 * 1024
 #: The share of a window the read position passes before the window is worked out again.
 REFILL_FRACTION = 1 / 8
+#: The most chunk ids one order's read plan lists (a quarter of what the cache's plans hold
+#: in all, :data:`fabric.cache.plans.PLAN_MAX_IDS`: about 2 GiB of 64 KiB chunks).
+PLAN_IDS = PLAN_MAX_IDS // 4
+#: Chunk lists fetched in one call when a window or plan reaches files not resolved yet.
+RESOLVE_BATCH = 64
 #: Paths held in the orders of all jobs together.
 MAX_PATHS = 2_000_000
 #: Orders (job and repository) kept at once.
@@ -47,9 +62,10 @@ MAX_ORDERS = 256
 #: An order no read or hint has touched for this long is dropped.
 IDLE_SECONDS = 600.0
 
-ChunkList = Callable[[Entry], Sequence[tuple[bytes, int]]]
-#: Told ``(name, ids)``: the ids of an order's window, in the order they will be read (the
-#: cache's read plan of that name, :meth:`fabric.cache.disk.DiskCache.plan`; no ids: drop it).
+#: The chunk lists of some files (one call may fetch the lists of many at once).
+ChunkLists = Callable[[Sequence[Entry]], Sequence[Sequence[tuple[bytes, int]]]]
+#: Told ``(name, ids)``: the ids an order will read next, in that order (the cache's read
+#: plan of that name, :meth:`fabric.cache.disk.DiskCache.plan`; no ids: drop it).
 Plan = Callable[[str, Sequence[bytes]], object]
 
 
@@ -57,6 +73,20 @@ def default_window(cache_budget: int) -> int:
     """The lookahead bound for a chunk cache of ``cache_budget`` bytes: a quarter of it, at
     most :data:`WINDOW_BYTES`, so what is fetched ahead fits beside what is being read."""
     return min(WINDOW_BYTES, cache_budget // 4)
+
+
+@dataclass
+class _Span:
+    """Chunks of an order ahead of a position (:meth:`Lookahead._span`)."""
+
+    ids: list[bytes] = field(default_factory=list)
+    #: Each id -> its positions (file index, chunk index) in the order.
+    positions: dict[bytes, list[tuple[int, int]]] = field(default_factory=dict)
+    #: The chunk lists of the files the span covers, by file index.
+    lists: dict[int, Sequence[tuple[bytes, int]]] = field(default_factory=dict)
+    #: The position from which the span is worked out again (None: it reaches the
+    #: order's end).
+    mark: tuple[int, int] | None = None
 
 
 @dataclass
@@ -77,6 +107,10 @@ class Order:
     #: The read position from which the window is worked out again (None: it reaches the
     #: order's end, so nothing is left to fetch ahead until a hint extends the order).
     refill: tuple[int, int] | None = None
+    #: The read position from which the read plan is worked out again (None: it reaches
+    #: the order's end); ``planned`` is False until the first plan of the order is set.
+    replan: tuple[int, int] | None = None
+    planned: bool = False
     last_active: float = field(default_factory=time.monotonic)
     dirty: bool = True
 
@@ -112,16 +146,20 @@ class Lookahead:
     def __init__(
         self,
         fetcher: FetchScheduler,
-        chunk_list: ChunkList,
+        chunk_lists: ChunkLists,
         window_bytes: int,
         plan: Plan | None = None,
+        plan_bytes: int | None = None,
         max_paths: int = MAX_PATHS,
         max_orders: int = MAX_ORDERS,
         idle: float = IDLE_SECONDS,
     ) -> None:
+        """``plan_bytes``: how far ahead of a job's read position its read plan reaches (at
+        least the window; None: as far as :data:`PLAN_IDS` chunks)."""
         self.fetcher = fetcher
         self.window_bytes = window_bytes
-        self._chunk_list = chunk_list
+        self.plan_bytes = float("inf") if plan_bytes is None else max(plan_bytes, window_bytes)
+        self._chunk_lists = chunk_lists
         self._plan = plan
         self.max_paths, self.max_orders, self.idle = max_paths, max_orders, idle
         self._cond = threading.Condition()
@@ -194,43 +232,67 @@ class Lookahead:
                     log.warning("hint lookahead of job %s in %s: %s", order.job, order.repo, exc.message)
 
     def _advance(self, order: Order) -> None:
-        """Fetch the chunks of ``order``'s window (from its read position, within the bound)."""
+        """Fetch the chunks of ``order``'s window (from its read position, within the bound)
+        that the previous window did not hold; work the read plan out again when due."""
         with self._cond:
-            fi, ci = order.cursor
-            files = order.files
-        budget, ids, window = self.window_bytes, [], {}
-        resolved = {}
-        refill, refill_budget = None, self.window_bytes * (1 - REFILL_FRACTION)
+            cursor = order.cursor
+            replan = not order.planned or (order.replan is not None and cursor >= order.replan)
+        span = self._span(order, cursor, self.window_bytes, REFILL_FRACTION, order.resolved)
+        with self._cond:  # positions behind a read position that moved meanwhile are ignored by Order.saw
+            previous = order.window
+            order.window, order.resolved, order.refill = span.positions, span.lists, span.mark
+            if span.mark is not None and order.cursor >= span.mark:
+                order.dirty = True  # the job read past it meanwhile: work the window out again
+        if self._plan is not None and not order.planned:
+            self._plan(order.plan_name, span.ids)  # before the fetches: the cache holds each planned chunk as it arrives
+        self.fetcher.prefetch([cid for cid in span.ids if cid not in previous], HINT, job=order.job, kind="hint")
+        if self._plan is not None and replan:
+            ahead = self._span(order, cursor, self.plan_bytes, 1 / 2, span.lists, PLAN_IDS)
+            with self._cond:
+                order.replan, order.planned = ahead.mark, True
+                if ahead.mark is not None and order.cursor >= ahead.mark:
+                    order.dirty = True
+            self._plan(order.plan_name, ahead.ids)
+
+    def _span(
+        self,
+        order: Order,
+        start: tuple[int, int],
+        limit: float,
+        mark: float,
+        known: dict[int, Sequence[tuple[bytes, int]]],
+        max_ids: int | None = None,
+    ) -> _Span:
+        """The chunks of ``order`` from position ``start``, in read order, up to ``limit`` bytes
+        (and ``max_ids`` ids); its ``mark`` is the position once the share ``mark`` of its
+        chunks was read. Chunk lists come from ``known`` or are fetched :data:`RESOLVE_BATCH`
+        files at a time."""
+        fi, ci = start
+        files = order.files
+        known = dict(known)
+        span = _Span()
+        places: list[tuple[int, int]] = []
         while fi < len(files):
-            chunks = order.resolved.get(fi)
-            if chunks is None:
-                chunks = self._chunk_list(files[fi])
-            resolved[fi] = chunks
-            full = False
+            if fi not in known:
+                batch = [i for i in range(fi, min(len(files), fi + RESOLVE_BATCH)) if i not in known]
+                known.update(zip(batch, self._chunk_lists([files[i] for i in batch])))
+            chunks = known[fi]
+            span.lists[fi] = chunks
             for j in range(ci, len(chunks)):
                 cid, n = chunks[j]
                 if cid == HOLE_ID:
                     continue
-                if n > budget:
-                    full = True
-                    break
-                budget -= n
-                ids.append(cid)
-                window.setdefault(cid, []).append((fi, j))
-                if refill is None and budget <= refill_budget:
-                    refill = (fi, j + 1)
-            if full:
-                break
+                if n > limit or (max_ids is not None and len(span.ids) >= max_ids):
+                    if places:
+                        at_fi, at_j = places[max(0, math.ceil(len(places) * mark) - 1)]
+                        span.mark = (at_fi, at_j + 1)
+                    return span
+                limit -= n
+                span.ids.append(cid)
+                span.positions.setdefault(cid, []).append((fi, j))
+                places.append((fi, j))
             fi, ci = fi + 1, 0
-        if fi >= len(files):
-            refill = None  # the window reaches the order's end: all of it is asked for
-        with self._cond:  # positions behind a read position that moved meanwhile are ignored by Order.saw
-            order.window, order.resolved, order.refill = window, resolved, refill
-            if refill is not None and order.cursor >= refill:
-                order.dirty = True  # the job read past it meanwhile: work the window out again
-        if self._plan is not None:  # before the fetches: the cache holds each planned chunk as it arrives
-            self._plan(order.plan_name, ids)
-        self.fetcher.prefetch(ids, HINT, job=order.job, kind="hint")
+        return span  # it reaches the order's end: no mark, all of it is asked for
 
     def _forget(self, orders: Sequence[Order]) -> None:
         for order in orders:

@@ -105,6 +105,7 @@ def test_a_read_served_from_memory_consumes_its_place_as_a_get_does(tmp_path) ->
 
 def test_skipped_places_are_released_but_a_stray_read_far_ahead_is_not_a_skip(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(plans, "PLAN_SKIP", 5)
+    monkeypatch.setattr(plans, "PLAN_LAG", 0)
     cache = DiskCache(str(tmp_path / "c"), BUDGET)
     cache.plan([key(i) for i in range(30)], "job")
     for i in range(30):
@@ -115,6 +116,27 @@ def test_skipped_places_are_released_but_a_stray_read_far_ahead_is_not_a_skip(tm
     assert cache.stats()["cache_planned_bytes"] == 25 * SIZE
     cache.get(key(4))
     assert cache.stats()["cache_planned_bytes"] == 24 * SIZE
+
+
+def test_the_last_places_before_a_read_stay_planned_for_readers_of_several_files(tmp_path, monkeypatch) -> None:
+    """Two workers read file A (places 0-9) and file B (10-19) at once: B's first read must
+    not release what A has still to read; once the reads are far enough ahead, A's unread
+    places are released."""
+    monkeypatch.setattr(plans, "PLAN_SKIP", 16)
+    monkeypatch.setattr(plans, "PLAN_LAG", 20)
+    cache = DiskCache(str(tmp_path / "c"), BUDGET)
+    cache.plan([key(i) for i in range(40)], "job")
+    for i in range(40):
+        cache.put(key(i), blob(i))
+    cache.get(key(0))
+    cache.get(key(10))  # worker 2 starts file B
+    assert cache.stats()["cache_planned_bytes"] == 38 * SIZE  # A's places 1-9 are still planned
+    cache.get(key(1))
+    for i in range(11, 20):
+        cache.get(key(i))
+    assert cache.stats()["cache_planned_bytes"] == 28 * SIZE
+    cache.get(key(30))  # more than the lag past places 2-9, which were never read: passed over
+    assert cache.stats()["cache_planned_bytes"] == 19 * SIZE
 
 
 def test_an_id_planned_twice_stays_planned_until_its_second_read(tmp_path) -> None:

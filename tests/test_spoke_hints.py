@@ -131,6 +131,36 @@ def test_the_lookahead_stays_within_its_window_and_moves_with_the_reads(hub: Hub
         assert stats["cache_chunk_bytes"] <= 64 * MiB
 
 
+def test_a_data_set_larger_than_the_cache_keeps_what_the_next_epoch_will_read(hub: Hub, tmp_path) -> None:
+    """Two epochs, each in a new random order sent as a hint, over 1.5x the cache, read by
+    two workers at once: the first fetches every chunk once (what a worker is still
+    reading is not evicted because the other started the next file), the second finds in
+    the cache what the first left there (what is read soon stays, what was read goes),
+    where keeping the most recently used would have evicted most of it before its turn."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    repo, files = make_repo(hub, "epochs", 24, 1 * MiB, 500)
+    total = sum(map(len, files.values()))
+    with start_spoke(hub.url, tmp_path / "c", "16MiB", token=hub.token) as spoke:
+        plane = HttpPlane(spoke.url, hub.token, job="epochs")
+        fetched = []
+        for epoch in range(2):
+            order = sorted(files)
+            random.Random(epoch).shuffle(order)
+            plane.hint(repo, "main", order)
+            before = spoke.stats().get("upstream_bytes_received", 0)
+            with ThreadPoolExecutor(2) as workers:
+                got = list(workers.map(lambda p: plane.read(repo, "main", p), order))
+            assert got == [files[p] for p in order]
+            fetched.append(spoke.stats()["upstream_bytes_received"] - before)
+            assert spoke.stats()["cache_chunk_bytes"] <= 16 * MiB
+        assert fetched[0] <= 1.05 * total, fetched  # nothing fetched twice (frames cost a little more)
+        # What a cache of 2/3 of the data can save at best: 1/3 fetched again. Keeping the
+        # most recently read files (and fetching a window ahead) fetched about 70% again.
+        assert fetched[1] <= 0.5 * total, fetched
+
+
 def test_a_new_hint_replaces_the_order_and_append_extends_it(hub: Hub, tmp_path) -> None:
     repo, files = make_repo(hub, "append", 6, 512 * KiB, 400)
     order = sorted(files)
@@ -273,7 +303,7 @@ def test_the_window_is_worked_out_again_only_after_an_eighth_of_it_was_read() ->
     ]
     window = 64 * chunk
     fetcher = _RecordingFetcher()
-    look = Lookahead(fetcher, lambda e: e.chunks, window)
+    look = Lookahead(fetcher, lambda es: [e.chunks for e in es], window)
     try:
         look.hint("job", "repo", files, append=False)
 
@@ -295,5 +325,56 @@ def test_the_window_is_worked_out_again_only_after_an_eighth_of_it_was_read() ->
         per_refill = int(window * REFILL_FRACTION / chunk)
         assert refills <= (len(order) - window // chunk) // per_refill + 2, refills  # old code: one per read (256)
         assert all(len(call) * chunk <= window for call in fetcher.calls)
+        asked = [cid for call in fetcher.calls for cid in call]
+        assert sorted(asked) == sorted(order)  # each chunk asked for once: a refill asks only for new ones
+    finally:
+        look.stop()
+
+
+def test_the_read_plan_reaches_past_the_window_and_is_worked_out_again_halfway() -> None:
+    """The cache is told what the job reads next up to ``plan_bytes`` ahead (so with a data
+    set larger than the cache it keeps what comes soon), while only the window is fetched."""
+    import threading
+
+    from fabric.format.model import Entry
+    from spoke.hints import Lookahead
+
+    chunk, files_n = 64 * KiB, 64
+    files = [Entry(size=chunk, chunks=((bytes([f + 1]) * 32, chunk),)) for f in range(files_n)]
+    order = [e.chunks[0][0] for e in files]
+    window, ahead = 4 * chunk, 16 * chunk
+    plans: list[list[bytes]] = []
+    changed = threading.Condition()
+
+    def plan(name: str, ids) -> None:
+        with changed:
+            plans.append(list(ids))
+            changed.notify_all()
+
+    def planned(want: list[bytes]) -> None:
+        with changed:
+            assert changed.wait_for(lambda: plans and plans[-1] == want, timeout=10), plans[-1:]
+
+    fetcher = _RecordingFetcher()
+    look = Lookahead(fetcher, lambda es: [e.chunks for e in es], window, plan, plan_bytes=ahead)
+    try:
+        look.hint("job", "repo", files, append=False)
+        planned(order[:16])
+        with fetcher.changed:
+            assert fetcher.changed.wait_for(lambda: fetcher.calls, timeout=10)
+        assert fetcher.calls[0] == order[:4]  # fetched: the window only
+        made = len(plans)
+        fetcher.listener("job", order[:7])  # not yet half the plan: the plan stands
+        time.sleep(0.3)
+        assert len(plans) == made
+        fetcher.listener("job", order[7:8])
+        planned(order[8:24])
+        fetcher.listener("job", order[8:56])
+        planned(order[56:])  # the plan reaches the order's end
+        made = len(plans)
+        fetcher.listener("job", order[56:63])
+        time.sleep(0.3)
+        assert len(plans) == made  # nothing further to plan
+        assert all(len(call) <= window // chunk for call in fetcher.calls)
     finally:
         look.stop()

@@ -3,9 +3,13 @@
 A plan is an ordered list of ids that one reader (a job, a hint) will read, named
 by its owner; setting a plan of a name replaces the previous one. Reads move a
 plan's *cursor*: a read of the id at place ``q`` of a plan consumes that place
-and, when ``q`` is at most :data:`PLAN_SKIP` places ahead of the cursor, every
-place before it too (the reader went past them). A read further ahead consumes
-only its own place, so one stray read does not throw the rest of a plan away.
+and, when ``q`` is at most :data:`PLAN_SKIP` places past the cursor's
+:data:`PLAN_LAG`, every place more than :data:`PLAN_LAG` places before it too (the
+reader went past them). The last :data:`PLAN_LAG` places stay planned because a
+reader may have several files open at once, each read in order (a DataLoader's
+workers): a read of the next file must not release the chunks of the one still
+being read. A read further ahead consumes only its own place, so one stray read
+does not throw the rest of a plan away.
 An id listed twice is planned until its last place is consumed.
 
 An id's *distance* is how many places ahead of the cursor its next place is, the
@@ -29,8 +33,11 @@ from collections.abc import Callable, Sequence
 PLAN_MAX_IDS = 131_072
 #: Plans kept at once.
 PLAN_MAX = 64
-#: A read at most this many places ahead of a plan's cursor moves the cursor to it.
+#: A read at most this many places past the lag ahead of a plan's cursor moves the cursor.
 PLAN_SKIP = 1024
+#: Places before a read that stay planned when the cursor moves (256 MiB of 64 KiB chunks:
+#: what a DataLoader's workers have in flight, several large files each).
+PLAN_LAG = 4096
 
 
 class _Plan:
@@ -105,13 +112,14 @@ class Plans:
             if place is None:
                 continue
             self._plans.move_to_end(name)
-            if place - plan.cursor <= PLAN_SKIP:
-                for i in range(plan.cursor, place + 1):
+            self._pass(plan, place, released)
+            if place - plan.cursor <= PLAN_SKIP + PLAN_LAG:
+                passed = place - PLAN_LAG
+                for i in range(plan.cursor, passed):
                     self._pass(plan, i, released)
-                plan.cursor = place + 1
-                plan.high = max(plan.high, plan.cursor - 1)
-            else:
-                self._pass(plan, place, released)
+                if passed > plan.cursor:
+                    plan.cursor = passed
+                    plan.high = max(plan.high, plan.cursor - 1)
         return released
 
     def noted(self, key: bytes) -> None:

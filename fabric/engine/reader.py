@@ -167,6 +167,11 @@ class Reader:
             return tuple((bytes(c), n) for c, n in self.meta.get(CHUNKLIST, entry.chunklist))
         return entry.chunks
 
+    def chunk_lists(self, entries: Sequence[Entry]) -> list[tuple[tuple[bytes, int], ...]]:
+        """The chunk lists of ``entries``; those stored apart are fetched in one batch."""
+        self.meta.prefetch(CHUNKLIST, [e.chunklist for e in entries if e.chunklist])
+        return [self.chunk_list(e) for e in entries]
+
     def read_entry(
         self,
         entry: Entry,
