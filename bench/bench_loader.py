@@ -60,6 +60,12 @@ their order rotating round by round:
   ``HintingSampler`` (each epoch's order sent as a hint), job id set;
 - ``fabric-mount``: a folder dataset (``open()``/``read()`` per file) on
   ``fabric mount SPOKE repo@COMMIT``, the mount run with ``FABRIC_JOB``;
+- ``fabric-learned``: the same, on a spoke that has seen an earlier job read the
+  data set (8 threads through its REST API, in another random order, as job
+  ``JOB-teacher``) and was then restarted with its chunk cache emptied (what it
+  learnt is kept in its cache directory): the learned working set is all the
+  mount's first epoch gets ahead of time. Only the load-point epochs; its job
+  stats give the learned prefetch's coverage, accuracy and waste;
 - ``rclone``: the same folder dataset on ``rclone mount`` of the hub's S3 API
   (see RCLONE_FLAGS for the flags and why);
 - ``s3fs``: fsspec's ``s3fs`` ``cat_file`` per sample against the hub's S3 API
@@ -122,7 +128,7 @@ SMALL_SIZE = 110 * KiB
 AU_TARGET = 0.9
 #: The trainer's exit status when a reader returned bytes that are not the dataset's.
 WRONG_DATA_EXIT = 3
-READERS = ("fabric-hints", "fabric-mount", "rclone", "s3fs", "s3torchconnector")
+READERS = ("fabric-hints", "fabric-mount", "fabric-learned", "rclone", "s3fs", "s3torchconnector")
 PEERS = ("rclone", "s3fs", "s3torchconnector")
 CACHING = ("fabric-hints", "fabric-mount", "rclone")
 #: rclone mount as a user would set it up to train from S3: a full VFS cache (files kept on
@@ -386,6 +392,10 @@ class Reader:
     python: str = sys.executable
     #: Whether the reader keeps what it read: without a cache every epoch is a cold one.
     caches = True
+    #: Whether capacity and N90 epochs are run for it (else only the load-point epochs).
+    capacity = True
+    #: The most load-point epochs run for it (None: ``--epochs``).
+    max_epochs: int | None = None
 
     def __init__(self, env: Env, wl: Workload, job: str) -> None:
         self.env, self.wl, self.job = env, wl, job
@@ -420,13 +430,14 @@ class SpokeReader(Reader):
     link = "rest"
     spoke: subprocess.Popen | None = None
 
-    def start_spoke(self) -> str:
+    def start_spoke(self, keep_cache: bool = False) -> str:
         from bench_s3 import _wait
 
         from fabric.util.net import free_port
 
         cache = os.path.join(self.dir, "spoke-cache")
-        remove(cache)
+        if not keep_cache:
+            remove(cache)
         os.makedirs(self.dir, exist_ok=True)
         port = free_port()
         self.spoke_log = os.path.join(self.dir, "spoke.log")
@@ -478,7 +489,9 @@ class FabricMount(SpokeReader):
                 "--log-file", os.path.join(self.dir, "mount.log")]
 
     def start(self) -> dict:
-        url = self.start_spoke()
+        return self.mount(self.start_spoke())
+
+    def mount(self, url: str) -> dict:
         self.root = os.path.join(self.dir, "mnt")
         os.makedirs(self.root, exist_ok=True)
         p = subprocess.run(self.mount_cmd(url), env={**fabric_env(), "FABRIC_JOB": self.job}, cwd=FABRIC_SRC,
@@ -495,6 +508,49 @@ class FabricMount(SpokeReader):
 
     def describe(self) -> str:
         return "open()/read() per file on: FABRIC_JOB=JOB fabric mount SPOKE REPO@COMMIT MNT (defaults)"
+
+
+class FabricLearned(FabricMount):
+    name = "fabric-learned"
+    capacity = False
+    max_epochs = 1  # later epochs read what the first left in the cache, as fabric-mount's do
+
+    def start(self) -> dict:
+        url = self.start_spoke()
+        self.teach(url)
+        stop_process(self.spoke)
+        remove(os.path.join(self.dir, "spoke-cache", "chunks"))  # what it learnt stays: workload.db
+        return self.mount(self.start_spoke(keep_cache=True))
+
+    def teach(self, url: str) -> None:
+        """An earlier job reads every file once through the spoke, until the spoke has learnt them all."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        import httpx
+
+        from fabric.client.http import HttpPlane
+
+        paths = list(self.wl.paths)
+        random.Random(f"teacher-{self.job}").shuffle(paths)
+        plane = HttpPlane(url, self.env.token, job=f"{self.job}-teacher")
+        try:
+            with ThreadPoolExecutor(8) as pool:
+                for data in pool.map(lambda p: plane.read(self.wl.repo, self.wl.commit, p), paths):
+                    assert data
+        finally:
+            plane.close()
+        deadline = time.monotonic() + 60
+        while True:
+            r = httpx.get(url + "/api/v1/stats", headers={"Authorization": f"Bearer {self.env.token}"}, timeout=30)
+            if r.json()["learned_prefetch"]["files"] >= len(paths):
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the spoke learnt {r.json()['learned_prefetch']} of the teacher's {len(paths)} files")
+            time.sleep(0.5)
+
+    def describe(self) -> str:
+        return ("open()/read() per file on FABRIC_JOB=JOB fabric mount SPOKE REPO@COMMIT MNT (defaults), the spoke "
+                "restarted with no chunks cached after job JOB-teacher read every file through it")
 
 
 class Rclone(Reader):
@@ -568,8 +624,8 @@ class S3Torch(Reader):
                 "s3client_config=S3ClientConfig(force_path_style=True))")
 
 
-READER_CLASSES = {"fabric-hints": FabricHints, "fabric-mount": FabricMount, "rclone": Rclone, "s3fs": S3fs,
-                  "s3torchconnector": S3Torch}
+READER_CLASSES = {"fabric-hints": FabricHints, "fabric-mount": FabricMount, "fabric-learned": FabricLearned,
+                  "rclone": Rclone, "s3fs": S3fs, "s3torchconnector": S3Torch}
 
 
 def link_bytes(wan) -> int:
@@ -636,15 +692,16 @@ def measure_reader(reader: Reader, rnd: int, args: argparse.Namespace) -> list[d
     epochs), and from fresh caches a capacity epoch and an epoch at its N90."""
     wl, rate = reader.wl, reader.env.rate_mbit
     pause = load_pause(wl, rate, wl.load)
-    steps = [{"label": f"epoch{e + 1}", "order": rnd * 100 + e, "pause_s": pause} for e in range(args.epochs)]
+    epochs = min(args.epochs, reader.max_epochs or args.epochs)
+    steps = [{"label": f"epoch{e + 1}", "order": rnd * 100 + e, "pause_s": pause} for e in range(epochs)]
     # Without a cache every epoch is cold: capacity and N90 then run in the same session.
     state = "warm" if reader.caches else "cold"
-    if wl.capacity:
+    if wl.capacity and reader.capacity:
         steps.append({"label": f"cap-{state}", "order": rnd * 100 + 50, "pause_s": 0.0})
         if args.verify:
             steps.append({"label": f"n90-{state}", "order": rnd * 100 + 51, "verify": True})
     results = run_session(reader, steps, "load")
-    if wl.capacity and reader.caches:
+    if wl.capacity and reader.capacity and reader.caches:
         cold = run_session(reader, [{"label": "cap-cold", "order": rnd * 100 + 60, "pause_s": 0.0}], "cap-cold")
         results += cold
         if args.verify and "n90" in cold[0]:
@@ -774,6 +831,18 @@ def prefetch_figures(stats: dict | None) -> tuple[float | None, float | None]:
     return hint.get("used_bytes", 0) / fetched, hint.get("wasted_bytes", 0) / fetched
 
 
+def learned_figures(stats: dict | None) -> tuple[float, float | None, float | None] | None:
+    """(coverage, accuracy, waste) of the learned prefetch in a job's stats at the spoke."""
+    if not stats or not stats.get("demand_bytes"):
+        return None
+    learned = stats.get("prefetch", {}).get("learned") or {}
+    fetched = learned.get("prefetched_bytes")
+    coverage = learned.get("covered_bytes", 0) / stats["demand_bytes"]
+    if not fetched:
+        return coverage, None, None
+    return coverage, learned.get("used_bytes", 0) / fetched, learned.get("wasted_bytes", 0) / fetched
+
+
 def goals(summary: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """(goal, measured, verdict) for each of the issue's goals, per rate."""
     out = []
@@ -809,6 +878,10 @@ def goals(summary: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
                 out.append((f"{rate} Mbit/s {wl}: accelerators at AU >= 90% (cold) >= 2x best peer's",
                             f"{mine / peers[best]:.2f}x (N90 {n90['fabric-hints']:g} vs {best} {n90[best]:g})",
                             verdict(mine >= 2 * peers[best])))
+            learned = learned_figures(fig(summary, rate, wl, "fabric-learned", "epoch1", "job_stats"))
+            if learned is not None:
+                out.append((f"{rate} Mbit/s {wl}: learned working set on a second job: coverage >= 80%",
+                            f"{learned[0]:.1%}", verdict(learned[0] >= 0.8)))
             acc, waste = prefetch_figures(load_stats(summary[rate].get(wl, {})))
             if acc is not None:
                 out.append((f"{rate} Mbit/s {wl}: hint prefetch accuracy >= 95%, waste <= 5%",
@@ -893,6 +966,12 @@ def render(report: dict) -> str:
                              f"{stats.get('hit_ratio') or 0:.1%}, hint prefetch accuracy "
                              f"{'-' if acc is None else format(acc, '.1%')}, waste {'-' if waste is None else format(waste, '.1%')}, "
                              f"coverage {stats.get('prefetch_coverage') or 0:.1%}, WAN wait {stats.get('wan_wait_seconds', 0):.1f} s")
+            learned = learned_figures(fig(s, rate, wl, "fabric-learned", "epoch1", "job_stats"))
+            if learned is not None:
+                cov, acc, waste = learned
+                lines += ["", f"fabric-learned at the spoke (job stats after epoch 1): learned prefetch coverage {cov:.1%} "
+                          f"(demand bytes it had fetched ahead), accuracy {'-' if acc is None else format(acc, '.1%')}, "
+                          f"waste {'-' if waste is None else format(waste, '.1%')}"]
     failures = [f"- {r['reader']}, {r['workload']}, {r['rate_mbit']:g} Mbit/s, {r['label']} (round {r['round']}): {r['failed']}"
                 for r in report["rows"] if r.get("failed")]
     if failures:

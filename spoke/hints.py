@@ -201,6 +201,11 @@ class Lookahead:
             self._cond.notify_all()
         self._forget(dropped)
 
+    def hinting(self, job: str, repo: str) -> bool:
+        """Whether ``job`` has an order in ``repo``."""
+        with self._cond:
+            return (job, repo) in self._orders
+
     def demanded(self, job: str, ids: Sequence[bytes]) -> None:
         """A demand read by ``job`` (a :class:`FetchScheduler` listener): move its read positions."""
         with self._cond:

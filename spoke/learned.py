@@ -57,6 +57,8 @@ QUEUE_EVENTS = 10_000
 MAX_SESSIONS = 256
 #: The stop rule: over the last RECENT_OPENS opens (at least MIN_OPENS), fewer than STOP_RATIO in the working set.
 RECENT_OPENS, MIN_OPENS, STOP_RATIO = 16, 8, 0.5
+#: The share of the window fetched ahead after which the cache's plan for a session is set again.
+REPLAN_FRACTION = 1 / 8
 #: Opens after which a file fetched ahead and still unopened counts as a wrong guess.
 STALE_OPENS = 64
 #: Observations written to the model at a time (and whenever the thread is idle).
@@ -81,6 +83,7 @@ class _Session:
     pairs: list[tuple[str, str]] = field(default_factory=list)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_OPENS))
     ahead: OrderedDict = field(default_factory=OrderedDict)  # path -> (bytes, open number, chunk ids)
+    unplanned: int = 0  # bytes fetched ahead since the cache's plan was last set
     stopped: bool = False
 
     @property
@@ -97,8 +100,12 @@ class LearnedPrefetch:
         cache: DiskCache,
         window: int,
         enabled: bool = True,
+        hinted: Callable[[str, str], bool] | None = None,
     ) -> None:
+        """``hinted(job, repo)``: whether the job has sent its read order for the repository
+        (then its hints, not what others did, say what it reads next: nothing is predicted)."""
         self.store = store
+        self._hinted = hinted
         self._resolve = resolve
         self.fetcher = fetcher
         self.cache = cache
@@ -218,7 +225,7 @@ class LearnedPrefetch:
         s.first.clear()
 
     def _prefetch(self, s: _Session) -> None:
-        if not self.enabled or s.stopped:
+        if not self.enabled or s.stopped or (self._hinted is not None and self._hinted(s.job, s.repo)):
             return
         if len(s.recent) >= MIN_OPENS and sum(s.recent) < STOP_RATIO * len(s.recent):
             s.stopped = True
@@ -252,12 +259,16 @@ class LearnedPrefetch:
             size, ids = found
             s.ahead[path] = (size, s.opens, ids)
             used += size
+            s.unplanned += size
             self.fetcher.prefetch(ids, BACKGROUND, job=s.job, kind="learned")
             self.prefetched_files += 1
             self.prefetched_bytes += size
             fetched = True
-        if fetched:
+        # The plan is set again once an eighth of a window was added to it (or when it held
+        # nothing): setting it for every file opened walked the whole window at each open.
+        if fetched and (s.unplanned >= self.window * REPLAN_FRACTION or s.unplanned == used):
             self.cache.plan([cid for _, _, ids in s.ahead.values() for cid in ids], s.name)
+            s.unplanned = 0
 
     def _flush_all(self) -> None:
         for s in list(self._sessions.values()):

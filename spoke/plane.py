@@ -209,7 +209,8 @@ class SpokePlane(DataPlane):
         if not 0 <= learned_window <= self.chunk_cache.budget // 2:
             raise BadRequest(f"the prefetch window must be 0 to half the chunk cache ({self.chunk_cache.budget // 2} bytes), not {learned_window}")
         self.learned = LearnedPrefetch(
-            WorkloadStore(cache_dir), self._resolver, self.fetcher, self.chunk_cache, learned_window, prefetch_share > 0
+            WorkloadStore(cache_dir), self._resolver, self.fetcher, self.chunk_cache, learned_window, prefetch_share > 0,
+            hinted=self.lookahead.hinting,
         )
         self.state = SpokeState(cache_dir)
         self.tracker = RefTracker(self.upstream, self.traffic, self.state, lease)

@@ -24,6 +24,8 @@ from fabric.util.sqlite import SharedConnection
 
 log = logging.getLogger("fabric.spoke")
 
+#: (repository, commit) pairs known to belong together kept in memory, at most.
+KNOWN_COMMITS = 100_000
 #: A full disk is logged at most this often (seconds).
 FULL_LOG_INTERVAL = 60.0
 
@@ -41,6 +43,7 @@ class SpokeState:
         self._db = SharedConnection(os.path.join(cache_dir, "state.db"), durability="normal", schema=SCHEMA)
         self._full_logged = float("-inf")
         self.skipped_writes = 0
+        self._commits: set[tuple[str, str]] = set()
 
     @contextlib.contextmanager
     def _best_effort(self, what: str) -> Iterator[None]:
@@ -62,6 +65,7 @@ class SpokeState:
                 self._db.execute("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (repo, kind, name, commit))
 
     def forget_repo(self, repo: str) -> None:
+        self._commits = {(r, c) for r, c in self._commits if r != repo}
         with self._best_effort(f"the removal of {repo}"):
             for table in ("refs", "commits", "staging_heads", "staging_rows"):
                 self._db.execute(f"DELETE FROM {table} WHERE repo = ?", (repo,))
@@ -71,11 +75,24 @@ class SpokeState:
 
     # -- commit membership ---------------------------------------------------
     def add_commit(self, repo: str, commit: str) -> None:
+        self._remember(repo, commit)
         with self._best_effort(f"commit {commit[:12]} of {repo}"):
             self._db.execute("INSERT OR IGNORE INTO commits VALUES (?, ?)", (repo, commit))
 
     def has_commit(self, repo: str, commit: str) -> bool:
-        return bool(self._db.execute("SELECT 1 FROM commits WHERE repo = ? AND commit_id = ?", (repo, commit)))
+        """Whether ``commit`` is known to be in ``repo`` (asked at every read by commit id: the
+        answers are kept in memory, bounded, in front of the database)."""
+        if (repo, commit) in self._commits:
+            return True
+        if self._db.execute("SELECT 1 FROM commits WHERE repo = ? AND commit_id = ?", (repo, commit)):
+            self._remember(repo, commit)
+            return True
+        return False
+
+    def _remember(self, repo: str, commit: str) -> None:
+        if len(self._commits) >= KNOWN_COMMITS:
+            self._commits = set()
+        self._commits.add((repo, commit))
 
     # -- staging snapshots ---------------------------------------------------
     def save_staging(self, repo: str, branch: str, head: str, seq: int, rows: dict[str, bytes | None], replace: bool) -> None:

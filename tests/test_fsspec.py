@@ -230,6 +230,26 @@ def test_files_read_at_a_commit_id_are_looked_up_once(hub: Hub, source):
     assert entry_requests(hub.metrics()) - before == 2
 
 
+def test_a_listing_at_a_commit_id_keeps_the_entries_of_small_files(hub: Hub, source):
+    """find() at a commit id keeps the entries whose chunk lists came with the walk, so a
+    loader that lists its files first reads the small ones without asking for an entry; a
+    file whose chunk list is stored apart (over 64 chunks) is asked for once. A branch's
+    listing keeps nothing (the branch may move)."""
+    repo, files = source
+    fs = new_fs(hub.url, hub.token)
+    pinned = fs.pin(f"fabric://{repo}@main")
+    names = fs.find(pinned)
+    before = entry_requests(hub.metrics())
+    got = fs.cat(names)
+    assert {name.split("/", 1)[1]: data for name, data in got.items()} == files
+    assert entry_requests(hub.metrics()) - before == 2  # bin/random.bin and text/log.txt
+    other = new_fs(hub.url, hub.token)
+    names = other.find(f"{repo}@main/samples")
+    before = entry_requests(hub.metrics())
+    other.cat(names)
+    assert entry_requests(hub.metrics()) - before == len(names)
+
+
 def test_listing_info_find_glob_du(hub: Hub, admin_fs, source):
     repo, files = source
     root = f"{repo}@main"

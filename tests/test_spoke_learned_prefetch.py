@@ -118,6 +118,23 @@ def test_a_job_reading_something_else_stops_learned_prefetch(hub: Hub, tmp_path)
         assert learned(spoke)["prefetched_bytes"] == before
 
 
+def test_a_job_that_hints_its_order_gets_no_learned_prefetch(hub: Hub, tmp_path) -> None:
+    """A job that said what it reads (a hint) is fetched ahead along its own order: what
+    earlier jobs read does not add guesses of its own (nor a cache plan per open)."""
+    repo = unique_name("learned-hinted")
+    upload(hub, repo, dataset(3))
+    taught = [f"train/a{i:03d}.bin" for i in range(30)]
+    with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token, args=["--prefetch-window", WINDOW]) as spoke:
+        teach_then_empty_cache(spoke, repo, taught)
+        order = list(reversed(taught))
+        HttpPlane(spoke.url, spoke.token, job="hinted").hint(repo, "main", order)
+        read_files(spoke, "hinted", repo, order, STEP / 5)
+        job, pre = job_prefetch(spoke, "hinted")
+        assert pre["prefetched_bytes"] == 0, pre
+        assert job["prefetch"]["hint"]["prefetched_bytes"] > 0
+        assert learned(spoke)["prefetched_bytes"] == 0
+
+
 def test_reads_without_a_job_teach_nothing(hub: Hub, tmp_path) -> None:
     repo = unique_name("learned-anon")
     upload(hub, repo, {f"d/{i}.bin": random_bytes(FILE, 9000 + i) for i in range(10)})

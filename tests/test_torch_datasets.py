@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from tests.hubserver import ROOT, Hub, unique_name
+from tests.hubserver import ROOT, Hub, metric_value, unique_name
 from tests.spokeserver import start_spoke, wait_for
 
 torch = pytest.importorskip("torch", reason="torch is an optional extra: pip install -e '.[torch]'")
@@ -98,6 +98,9 @@ def test_importing_fabric_does_not_import_torch() -> None:
 
 
 # -- the map-style dataset -------------------------------------------------------------
+def entry_requests(hub: Hub) -> float:
+    return metric_value(hub.metrics(), "fabric_http_requests_total", method="GET", route="/api/v1/repos/{repo}/refs/{ref}/entry")
+
 
 
 def test_file_dataset_through_two_workers(hub: Hub, data_repo: str) -> None:
@@ -110,10 +113,13 @@ def test_file_dataset_through_two_workers(hub: Hub, data_repo: str) -> None:
         f"{data_repo}@main/files/c0/000.bin", b"file 999\n"
     )
     try:
+        entries = entry_requests(hub)
         loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=as_list, sampler=RandomSampler(ds))
         got = [sample for batch in loader for sample in batch]
         assert sorted(got) == sorted(want.values())
         assert ds[5] == want[ds.paths[5]]  # single reads too, in this process
+        # The workers read with the entries the dataset's listing gave: no entry asked for.
+        assert entry_requests(hub) == entries
     finally:
         FabricFileSystem(server=hub.url, token=hub.token, commit="restore", skip_instance_cache=True).pipe_file(
             f"{data_repo}@main/files/c0/000.bin", file_body(0)

@@ -15,13 +15,17 @@ MAX_CHUNK_REFS = 250_000
 
 
 class CommitEntries:
-    """A bounded LRU of ``(repo, commit, path) -> Entry`` for entries read at a commit id."""
+    """A bounded LRU of ``(repo, commit, path) -> Entry`` for entries read at a commit id.
+    Pickles empty (a copy for another process starts without the entries)."""
 
     def __init__(self, max_refs: int = MAX_CHUNK_REFS) -> None:
         self.max_refs = max_refs
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, str, str], Entry] = OrderedDict()
         self._refs = 0
+
+    def __reduce__(self) -> tuple[type[CommitEntries], tuple[int]]:
+        return CommitEntries, (self.max_refs,)
 
     def get(self, repo: str, commit: str, path: str) -> Entry | None:
         with self._lock:

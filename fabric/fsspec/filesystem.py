@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from glob import has_magic
 from operator import itemgetter
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from fsspec.spec import AbstractFileSystem
 
@@ -58,7 +58,9 @@ class FabricFileSystem(AbstractFileSystem):
     nearest healthy one is used, the next when it fails; default ``$FABRIC_SERVER``); ``token``: the
     bearer token (default ``$FABRIC_TOKEN``); ``commit``: a commit message, to commit the
     branch after every write; ``timeout``: seconds a request may wait; ``job``: the job
-    its reads are accounted to at a spoke (``X-Fabric-Job``, default ``$FABRIC_JOB``)."""
+    its reads are accounted to at a spoke (``X-Fabric-Job``, default ``$FABRIC_JOB``);
+    ``entries``: where entries read at a commit id are kept (default: a store of its own),
+    so file systems of one process's forks can share what one of them listed."""
 
     protocol = "fabric"
     root_marker = ""
@@ -70,6 +72,7 @@ class FabricFileSystem(AbstractFileSystem):
         commit: str | None = None,
         timeout: float = 300.0,
         job: str | None = None,
+        entries: CommitEntries | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -82,7 +85,9 @@ class FabricFileSystem(AbstractFileSystem):
         self.commit_message = commit
         self._default_branch: dict[str, str] = {}
         self._branches: dict[str, set[str]] = {}
-        self._at_commit = CommitEntries()
+        self._at_commit = entries if entries is not None else CommitEntries()
+        self._stat_pool: ThreadPoolExecutor | None = None
+        self._stat_pool_pid = 0
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
@@ -204,7 +209,9 @@ class FabricFileSystem(AbstractFileSystem):
         return [] if entry.kind == DIR else [self._entry_info(path, entry)]
 
     def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False, **kwargs: Any) -> Any:
-        """All files below ``path`` (with ``withdirs``, directories too), from one walk of the tree."""
+        """All files below ``path`` (with ``withdirs``, directories too), from one walk of the
+        tree. At a commit id, the entries whose chunk lists came with the walk are kept: reading
+        those files later asks for no entry."""
         path, loc = self._parse(path)
         if loc is None:
             return super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
@@ -213,6 +220,7 @@ class FabricFileSystem(AbstractFileSystem):
         out: dict[str, dict[str, Any]] = {}
         with fs_errors(path):
             ref = self._ref(loc)
+            pinned = is_full_commit_id(ref)
             prefix = loc.key + "/" if loc.key else ""
             for key, entry in visible(self.plane.walk(loc.repo, ref, prefix)):
                 parts = key[len(prefix) :].split("/")
@@ -223,6 +231,8 @@ class FabricFileSystem(AbstractFileSystem):
                 if maxdepth is not None and len(parts) > maxdepth or entry.kind == DIR and not withdirs:
                     continue
                 out[loc.name(key)] = self._entry_info(loc.name(key), entry)
+                if pinned and entry.kind == FILE and not entry.chunklist and (entry.chunks or not entry.size):
+                    self._at_commit.put(loc.repo, ref, key, entry)
         if withdirs and (out or not loc.key):
             out[path] = self._dir_info(path)
         if not out:
@@ -254,6 +264,11 @@ class FabricFileSystem(AbstractFileSystem):
     # -- reads ---------------------------------------------------------------------
     def _file_entry(self, path: str) -> tuple[Location, Entry]:
         """The location and entry (with its chunk list) of the file at ``path``."""
+        return cast(tuple[Location, Entry], self._entry_of(path, cached_only=False))
+
+    def _entry_of(self, path: str, cached_only: bool) -> tuple[Location, Entry] | None:
+        """As :meth:`_file_entry`; with ``cached_only``, None unless the entry is kept (read
+        at a commit id before), without a request."""
         path, loc = self._parse(path)
         if loc is None or not loc.key:
             raise is_a_directory(path)
@@ -261,6 +276,8 @@ class FabricFileSystem(AbstractFileSystem):
             ref = self._ref(loc)
             try:
                 entry = self._at_commit.get(loc.repo, ref, loc.key)
+                if entry is None and cached_only:
+                    return None
                 if entry is None:
                     entry = self.plane.stat_chunks(loc.repo, ref, loc.key)
                     if is_full_commit_id(ref):
@@ -367,18 +384,19 @@ class FabricFileSystem(AbstractFileSystem):
         range needs are fetched in one ``frames`` call per repository."""
         paths = list(dict.fromkeys(self._strip_protocol(p) for p, _, _ in reads))
 
-        def lookup(p: str) -> tuple[Location, chunks.ChunkMap] | BaseException:
+        def lookup(p: str, cached_only: bool = False) -> tuple[Location, chunks.ChunkMap] | BaseException | None:
             try:
-                loc, entry = self._file_entry(p)
-                return loc, chunks.ChunkMap(entry)
+                found = self._entry_of(p, cached_only)
+                return None if found is None else (found[0], chunks.ChunkMap(found[1]))
             except Exception as exc:  # noqa: BLE001 - returned to the caller, per path
                 return exc
 
-        if len(paths) == 1:
-            found = {paths[0]: lookup(paths[0])}
-        else:
-            with ThreadPoolExecutor(min(STAT_THREADS, len(paths))) as pool:
-                found = dict(zip(paths, pool.map(lookup, paths)))
+        found = {p: lookup(p, cached_only=True) for p in paths}  # kept entries: no request, no thread
+        asks = [p for p, item in found.items() if item is None]
+        if len(asks) == 1:
+            found[asks[0]] = lookup(asks[0])
+        elif asks:
+            found.update(zip(asks, self._stat_threads().map(lookup, asks)))
         spans: list[tuple[str, int, int] | BaseException] = []
         wanted: dict[str, list[bytes]] = {}
         for p, start, end in reads:
@@ -407,6 +425,14 @@ class FabricFileSystem(AbstractFileSystem):
             got = fetched.get(loc.repo, {})
             out.append(got if isinstance(got, BaseException) else cmap.assemble(s, e, got))
         return out
+
+    def _stat_threads(self) -> ThreadPoolExecutor:
+        """The threads that look entries up in parallel, started once per process (a
+        DataLoader worker forked from a parent that used them starts its own)."""
+        if self._stat_pool is None or self._stat_pool_pid != os.getpid():
+            self._stat_pool = ThreadPoolExecutor(STAT_THREADS, thread_name_prefix="fabric-fsspec-stat")
+            self._stat_pool_pid = os.getpid()
+        return self._stat_pool
 
     # -- writes --------------------------------------------------------------------
     def _branch(self, loc: Location, path: str) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fabric.fsspec import FabricFileSystem
+from fabric.fsspec.entries import CommitEntries
 from fabric.fsspec.locations import parse
 
 PROTOCOL = "fabric://"
@@ -15,7 +16,12 @@ PROTOCOL = "fabric://"
 
 class Source:
     """``server`` (default ``$FABRIC_SERVER``), ``token`` (default ``$FABRIC_TOKEN``) and the
-    ``job`` every request names. Pickles without its connection: each process reconnects."""
+    ``job`` every request names. Pickles without its connection: each process reconnects.
+
+    The file systems of a process and of the DataLoader workers it forks share the entries
+    kept at commit ids (the listing of :meth:`files` gives those of small files, chunk lists
+    and all), so a worker reads a small file without asking for its entry first. A pickled
+    source (a worker started by ``spawn``) starts without them."""
 
     def __init__(self, server: str | None, token: str | None, job: str) -> None:
         self.server = server or os.environ.get("FABRIC_SERVER")
@@ -25,15 +31,21 @@ class Source:
         self.job = job
         self._fs: FabricFileSystem | None = None
         self._pid = 0
+        self._entries = CommitEntries()
 
     def with_job(self, job: str) -> Source:
-        return self if job == self.job else Source(self.server, self.token, job)
+        if job == self.job:
+            return self
+        other = Source(self.server, self.token, job)
+        other._entries = self._entries
+        return other
 
     @property
     def fs(self) -> FabricFileSystem:
         """This process's file system (a forked worker does not share its parent's connections)."""
         if self._fs is None or self._pid != os.getpid():
-            self._fs = FabricFileSystem(server=self.server, token=self.token, job=self.job, skip_instance_cache=True)
+            self._fs = FabricFileSystem(server=self.server, token=self.token, job=self.job, entries=self._entries,
+                                        skip_instance_cache=True)
             self._pid = os.getpid()
         return self._fs
 
