@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -281,14 +282,19 @@ def test_hint_for_a_mount_reader(hub: Hub, data_repo: str, monkeypatch) -> None:
 
 
 class _RefusingProxy(BaseHTTPRequestHandler):
-    """Forwards every request to the hub but answers 503 to hints (a server that refuses them)."""
+    """Forwards every request to the hub but answers 503 to hints (a server that refuses them);
+    with ``hint_delay``, forwards hints too, that many seconds late (a slow server)."""
 
     target = ""
     refused = 0
+    hint_delay: float | None = None
 
     def _forward(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path.split("?")[0].endswith("/hints"):
+        hint = self.path.split("?")[0].endswith("/hints")
+        if hint and self.hint_delay is not None:
+            time.sleep(self.hint_delay)
+        if hint and self.hint_delay is None:
             type(self).refused += 1
             payload = b'{"error": {"message": "hints are off here", "code": "unavailable"}}'
             self.send_response(503)
@@ -308,6 +314,27 @@ class _RefusingProxy(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:
         pass
+
+
+def test_an_epoch_does_not_wait_for_its_hint(hub: Hub, data_repo: str) -> None:
+    """The hint is sent beside the reads: the sampler yields at once although the server takes
+    2 s to answer it; ``last_hint`` waits for the answer."""
+    handler = type("Proxy", (_RefusingProxy,), {"target": hub.url, "refused": 0, "hint_delay": 2.0})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        ds = FabricFileDataset(f"{data_repo}@main/files", decode=decode_file, server=url, token=hub.token, suffixes=[".bin"])
+        sampler = HintingSampler(RandomSampler(ds), ds)
+        started = time.monotonic()
+        first = next(iter(sampler))
+        assert ds[first] == expected_files()[ds.paths[first]]
+        assert time.monotonic() - started < 1.5
+        assert sampler.last_hint is not None and sampler.last_hint["paths"] == FILES
+        assert time.monotonic() - started >= 2.0
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_refused_hint_does_not_stop_training(hub: Hub, data_repo: str, caplog) -> None:

@@ -4,6 +4,7 @@ the server each epoch's order before it is read."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch.utils.data
@@ -17,7 +18,10 @@ class HintingSampler(torch.utils.data.Sampler[int]):
     """Yields what ``sampler`` yields. Each ``__iter__`` first draws the whole epoch's
     indices and sends them as one hint (the files of ``dataset`` in that order, replacing
     the job's previous order), so a spoke fetches ahead of the loader; a hint that fails
-    is logged once and reading goes on. ``set_epoch`` passes through (DistributedSampler).
+    is logged once and reading goes on. The hint is sent by a thread of the sampler's:
+    the epoch's first reads do not wait for it (a long order takes several requests, and
+    an epoch's start is time the accelerators wait); :attr:`last_hint` waits for it.
+    ``set_epoch`` passes through (DistributedSampler).
 
     In a world of several ranks each rank's reads and hints are a job of their own
     (``JOB:rRANK``), so ranks that share a spoke keep their own orders: the rank is the
@@ -34,7 +38,17 @@ class HintingSampler(torch.utils.data.Sampler[int]):
             rank, world = rank_and_world()
         dataset.use_rank(rank, world)
         self._hinter = Hinter()
-        self.last_hint: dict[str, Any] | None = None
+        self._sending: Future[dict[str, Any] | None] | None = None
+        self._sender: ThreadPoolExecutor | None = None
+
+    @property
+    def last_hint(self) -> dict[str, Any] | None:
+        """The server's answer to the last epoch's hint (waiting for it), None if it was not
+        taken or none was sent."""
+        return None if self._sending is None else self._sending.result()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_sending": None, "_sender": None}
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -45,5 +59,9 @@ class HintingSampler(torch.utils.data.Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         indices = [int(i) for i in self.sampler]
-        self.last_hint = self._hinter.send(self.dataset.source.fs, [self.dataset.url(i) for i in indices])
+        if self._sending is not None:
+            self._sending.result()  # one epoch's hint after the other: the server keeps the last
+        if self._sender is None:
+            self._sender = ThreadPoolExecutor(1, thread_name_prefix="fabric-hint")
+        self._sending = self._sender.submit(self._hinter.send, self.dataset.source.fs, [self.dataset.url(i) for i in indices])
         return iter(indices)
