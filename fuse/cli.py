@@ -11,6 +11,7 @@ import click
 from fabric.cli.context import handle_errors
 from fabric.engine.refs import split_repo_ref
 from fabric.errors import BadRequest
+from fabric.plane.jobs import JOB_ENV
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -199,6 +200,7 @@ def mount(
         commit_message=commit_message,
         durability=durability,
         stream_writes=not no_stream_writes,
+        job=os.environ.get(JOB_ENV) or None,
     )
     run_foreground(server_url, token, cfg, mountpoint, allow_other, fuse_options, ready_fd, stats_interval)
 

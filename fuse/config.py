@@ -25,3 +25,4 @@ class MountConfig:
     durability: str = "local"
     stream_writes: bool = True  # chunk and send files written in order while they are written
     fetch_workers: int = 4
+    job: str | None = None  # FABRIC_JOB: the job the mount reads for (a spoke learns its opens, fuse/opens.py)

@@ -23,6 +23,7 @@ from fuse.errors import err
 from fuse.handles import RHandle, WHandle, content_sig
 from fuse.libfuse import invalidate_path
 from fuse.namespace import Dir, SiblingOrder, join, split
+from fuse.opens import OpenReports
 from fuse.reader import Fetcher, FileReader, chunk_disk_cache
 from fuse.state import MountState
 
@@ -50,9 +51,13 @@ class ReadPath:
         self.readers: OrderedDict[str, FileReader] = OrderedDict()
         self.readers_lock = threading.Lock()
         self.read_bytes = 0  # asked by the kernel (what its page cache lacked)
+        #: A mount of a commit reading for a job tells the server of its opens (a branch mount asks anyway).
+        self.opens = OpenReports(state.plane.inner, state.repo, state.commit_id) if state.immutable and cfg.job else None
 
     def close(self) -> None:
         self.fetcher.close()
+        if self.opens is not None:
+            self.opens.close()
 
     # -- entries -----------------------------------------------------------------------
     def fresh_file(self, p: str) -> Entry:
@@ -167,6 +172,8 @@ class ReadPath:
                 r = self.readers[p] = FileReader(self.fetcher, e.chunks, self.state.cfg.readahead)
                 while len(self.readers) > READERS:
                     self.readers.popitem(last=False)
+        if self.opens is not None:
+            self.opens.opened(p)  # an immutable mount's first read of a file is its open
         self._prefetch_siblings(p)
         return r
 

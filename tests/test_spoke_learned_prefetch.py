@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from fabric.client.http import HttpPlane
+from fabric.plane.jobs import JOB_ENV
+from tests.fuse_helpers import mounted, needs_fuse
 from tests.hubserver import Hub, unique_name
 from tests.spokeserver import Spoke, random_bytes, start_spoke, wait_for
 
@@ -61,13 +63,17 @@ def job_prefetch(spoke: Spoke, job: str) -> tuple[dict, dict]:
     return job_stats, job_stats["prefetch"]["learned"]
 
 
+def restart_with_no_chunks(spoke: Spoke) -> None:
+    spoke.stop()
+    shutil.rmtree(os.path.join(spoke.cache, "chunks"))
+    spoke.start()
+
+
 def teach_then_empty_cache(spoke: Spoke, repo: str, paths: list[str]) -> None:
     """One job reads ``paths``; once the spoke has written what it learnt, it restarts with no chunks cached."""
     read_files(spoke, "teacher", repo, paths)
     wait_for(lambda: learned(spoke)["files"] >= len(paths), timeout=20)
-    spoke.stop()
-    shutil.rmtree(os.path.join(spoke.cache, "chunks"))
-    spoke.start()
+    restart_with_no_chunks(spoke)
 
 
 def dataset(tag: int) -> dict[str, bytes]:
@@ -116,6 +122,35 @@ def test_a_job_reading_something_else_stops_learned_prefetch(hub: Hub, tmp_path)
         before = learned(spoke)["prefetched_bytes"]
         read_files(spoke, "other", repo, [f"train/b{i:03d}.bin" for i in range(30, 40)])
         assert learned(spoke)["prefetched_bytes"] == before
+
+
+@needs_fuse
+def test_jobs_reading_small_files_through_mounts_teach_and_are_covered(hub: Hub, tmp_path, monkeypatch) -> None:
+    """A mount of a commit answers the opens of small files from its listing, asking the
+    spoke nothing; run for a job (``FABRIC_JOB``) it tells the spoke of each file's first
+    open, so one job's mount teaches the working set and the next job's mount has it
+    fetched ahead."""
+    repo = unique_name("learned-mount")
+    upload(hub, repo, dataset(4))
+    commit = hub.plane().resolve_commit(repo, "main")
+    order = [f"train/a{i:03d}.bin" for i in (4, 17, 9, 30, 1, 22, 13, 38, 6, 27, 11, 35, 2, 19, 25, 8, 33, 15, 0, 29)]
+    with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token, args=["--prefetch-window", WINDOW]) as spoke:
+        monkeypatch.setenv(JOB_ENV, "mount-teacher")
+        with mounted(spoke.url, hub.token, f"{repo}@{commit}", tmp_path / "m1") as mnt:
+            for path in order:
+                with open(f"{mnt}/{path}", "rb") as f:
+                    assert len(f.read()) == FILE
+        wait_for(lambda: learned(spoke)["files"] >= len(order), timeout=20)
+        restart_with_no_chunks(spoke)
+        monkeypatch.setenv(JOB_ENV, "mount-second")
+        with mounted(spoke.url, hub.token, f"{repo}@{commit}", tmp_path / "m2") as mnt:
+            for path in order:
+                with open(f"{mnt}/{path}", "rb") as f:
+                    assert len(f.read()) == FILE
+                time.sleep(STEP)
+        job, pre = job_prefetch(spoke, "mount-second")
+        assert job["demand_bytes"] >= len(order) * FILE
+        assert pre["covered_bytes"] >= 0.5 * len(order) * FILE, (pre, job)
 
 
 def test_a_job_that_hints_its_order_gets_no_learned_prefetch(hub: Hub, tmp_path) -> None:
