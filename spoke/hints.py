@@ -16,7 +16,8 @@ thread took about half the spoke's Python time in a 1.1 GiB export). A refill as
 fetcher only for the chunks the previous window did not hold.
 
 The cache's read plan for the job (:meth:`fabric.cache.disk.DiskCache.plan`) reaches
-further than the window: the next :data:`PLAN_IDS` chunks of the order. Chunks it lists
+further than the window: the next :data:`PLAN_IDS` chunks of the order (with many jobs
+hinting, an equal share of what the cache's plans may hold, never less than the window). Chunks it lists
 that the cache holds are evicted only after every chunk no plan lists, the one read
 last first: with a data set larger than the cache, what the job will read stays and
 what it has read goes (without it, an epoch in a new random order evicted what it was
@@ -252,7 +253,9 @@ class Lookahead:
             self._plan(order.plan_name, span.ids)  # before the fetches: the cache holds each planned chunk as it arrives
         self.fetcher.prefetch([cid for cid in span.ids if cid not in previous], HINT, job=order.job, kind="hint")
         if self._plan is not None and replan:
-            ahead = self._span(order, cursor, self.plan_bytes, 1 / 2, span.lists, PLAN_IDS)
+            with self._cond:  # the cache's plans hold PLAN_MAX_IDS in all: a share for each order, at least its window
+                share = max(len(span.ids), min(PLAN_IDS, PLAN_MAX_IDS // max(1, len(self._orders))))
+            ahead = self._span(order, cursor, self.plan_bytes, 1 / 2, span.lists, share)
             with self._cond:
                 order.replan, order.planned = ahead.mark, True
                 if ahead.mark is not None and order.cursor >= ahead.mark:

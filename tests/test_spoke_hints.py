@@ -331,6 +331,45 @@ def test_the_window_is_worked_out_again_only_after_an_eighth_of_it_was_read() ->
         look.stop()
 
 
+def test_many_hinting_jobs_share_what_the_caches_plans_may_hold(monkeypatch) -> None:
+    """The cache keeps PLAN_MAX_IDS planned places in all and drops whole plans beyond that:
+    with many jobs each plan gets an equal share (never less than its window), so one job's
+    plan does not push another's out."""
+    import threading
+
+    import spoke.hints as hints
+    from fabric.format.model import Entry
+
+    monkeypatch.setattr(hints, "PLAN_MAX_IDS", 64)
+    monkeypatch.setattr(hints, "PLAN_IDS", 16)
+    chunk = 64 * KiB
+    files = [Entry(size=chunk, chunks=((bytes([f + 1]) * 32, chunk),)) for f in range(64)]
+    plans: dict[str, list[bytes]] = {}
+    changed = threading.Condition()
+
+    def plan(name: str, ids) -> None:
+        with changed:
+            plans[name] = list(ids)
+            changed.notify_all()
+
+    look = hints.Lookahead(_RecordingFetcher(), lambda es: [e.chunks for e in es], 4 * chunk, plan)
+    try:
+        def planned(job: str, n: int) -> None:
+            with changed:
+                assert changed.wait_for(lambda: len(plans.get(f"hint {job} repo", ())) == n, timeout=10), plans
+
+        look.hint("first", "repo", files, append=False)
+        planned("first", 16)  # alone: PLAN_IDS
+        for k in range(7):
+            look.hint(f"job{k}", "repo", files, append=False)
+        planned("job6", 8)  # eight orders: 64 / 8
+        for k in range(7, 31):
+            look.hint(f"job{k}", "repo", files, append=False)
+        planned("job30", 4)  # 32 orders: 2 each, but never less than the window (4)
+    finally:
+        look.stop()
+
+
 def test_the_read_plan_reaches_past_the_window_and_is_worked_out_again_halfway() -> None:
     """The cache is told what the job reads next up to ``plan_bytes`` ahead (so with a data
     set larger than the cache it keeps what comes soon), while only the window is fetched."""
