@@ -15,6 +15,7 @@ are reported per session, and a report that fails is not retried.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -37,7 +38,6 @@ class OpenReports:
         self._plane, self._repo, self._commit = plane, repo, commit
         self._told: set[str] = set()
         self._queue: queue.Queue[str | None] = queue.Queue(QUEUED)
-        self.sent = self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="fuse-open-reports", daemon=True)
         self._thread.start()
 
@@ -45,10 +45,8 @@ class OpenReports:
         if path in self._told or len(self._told) >= MAX_PATHS:
             return
         self._told.add(path)
-        try:
+        with contextlib.suppress(queue.Full):  # advice: a report that finds no room is dropped
             self._queue.put_nowait(path)
-        except queue.Full:
-            self.dropped += 1
 
     def close(self) -> None:
         try:
@@ -61,6 +59,5 @@ class OpenReports:
         while (path := self._queue.get()) is not None:
             try:
                 self._plane.stat_chunks(self._repo, self._commit, path)
-                self.sent += 1
             except (FabricError, OSError) as exc:  # advice only: the read goes on without it
                 log.debug("the server was not told of the open of %s: %s", path, exc)

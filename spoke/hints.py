@@ -81,8 +81,8 @@ class _Span:
     """Chunks of an order ahead of a position (:meth:`Lookahead._span`)."""
 
     ids: list[bytes] = field(default_factory=list)
-    #: Each id -> its positions (file index, chunk index) in the order.
-    positions: dict[bytes, list[tuple[int, int]]] = field(default_factory=dict)
+    #: The position (file index, chunk index) in the order of each of ``ids``.
+    places: list[tuple[int, int]] = field(default_factory=list)
     #: The chunk lists of the files the span covers, by file index.
     lists: dict[int, Sequence[tuple[bytes, int]]] = field(default_factory=dict)
     #: The position from which the span is worked out again (None: it reaches the
@@ -150,16 +150,12 @@ class Lookahead:
         chunk_lists: ChunkLists,
         window_bytes: int,
         plan: Plan | None = None,
-        plan_bytes: int | None = None,
         max_paths: int = MAX_PATHS,
         max_orders: int = MAX_ORDERS,
         idle: float = IDLE_SECONDS,
     ) -> None:
-        """``plan_bytes``: how far ahead of a job's read position its read plan reaches (at
-        least the window; None: as far as :data:`PLAN_IDS` chunks)."""
         self.fetcher = fetcher
         self.window_bytes = window_bytes
-        self.plan_bytes = float("inf") if plan_bytes is None else max(plan_bytes, window_bytes)
         self._chunk_lists = chunk_lists
         self._plan = plan
         self.max_paths, self.max_orders, self.idle = max_paths, max_orders, idle
@@ -244,9 +240,12 @@ class Lookahead:
             cursor = order.cursor
             replan = not order.planned or (order.replan is not None and cursor >= order.replan)
         span = self._span(order, cursor, self.window_bytes, REFILL_FRACTION, order.resolved)
+        window: dict[bytes, list[tuple[int, int]]] = {}
+        for cid, place in zip(span.ids, span.places):
+            window.setdefault(cid, []).append(place)
         with self._cond:  # positions behind a read position that moved meanwhile are ignored by Order.saw
             previous = order.window
-            order.window, order.resolved, order.refill = span.positions, span.lists, span.mark
+            order.window, order.resolved, order.refill = window, span.lists, span.mark
             if span.mark is not None and order.cursor >= span.mark:
                 order.dirty = True  # the job read past it meanwhile: work the window out again
         if self._plan is not None and not order.planned:
@@ -255,7 +254,7 @@ class Lookahead:
         if self._plan is not None and replan:
             with self._cond:  # the cache's plans hold PLAN_MAX_IDS in all: a share for each order, at least its window
                 share = max(len(span.ids), min(PLAN_IDS, PLAN_MAX_IDS // max(1, len(self._orders))))
-            ahead = self._span(order, cursor, self.plan_bytes, 1 / 2, span.lists, share)
+            ahead = self._span(order, cursor, float("inf"), 1 / 2, span.lists, share)
             with self._cond:
                 order.replan, order.planned = ahead.mark, True
                 if ahead.mark is not None and order.cursor >= ahead.mark:
@@ -279,7 +278,6 @@ class Lookahead:
         files = order.files
         known = dict(known)
         span = _Span()
-        places: list[tuple[int, int]] = []
         while fi < len(files):
             if fi not in known:
                 batch = [i for i in range(fi, min(len(files), fi + RESOLVE_BATCH)) if i not in known]
@@ -291,14 +289,13 @@ class Lookahead:
                 if cid == HOLE_ID:
                     continue
                 if n > limit or (max_ids is not None and len(span.ids) >= max_ids):
-                    if places:
-                        at_fi, at_j = places[max(0, math.ceil(len(places) * mark) - 1)]
+                    if span.places:
+                        at_fi, at_j = span.places[max(0, math.ceil(len(span.places) * mark) - 1)]
                         span.mark = (at_fi, at_j + 1)
                     return span
                 limit -= n
                 span.ids.append(cid)
-                span.positions.setdefault(cid, []).append((fi, j))
-                places.append((fi, j))
+                span.places.append((fi, j))
             fi, ci = fi + 1, 0
         return span  # it reaches the order's end: no mark, all of it is asked for
 

@@ -29,6 +29,15 @@ def disk_bytes(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(root) for n in names)
 
 
+def planned_cache(tmp_path, n: int) -> DiskCache:
+    """A cache holding blobs 0..n-1, all planned by the plan "job" in that order."""
+    cache = DiskCache(str(tmp_path / "c"), BUDGET)
+    cache.plan([key(i) for i in range(n)], "job")
+    for i in range(n):
+        cache.put(key(i), blob(i))
+    return cache
+
+
 def warm_hot_set(cache: DiskCache, ids) -> None:
     for _ in range(3):
         for i in ids:
@@ -72,10 +81,7 @@ def test_the_blob_read_last_is_evicted_first(tmp_path) -> None:
 
 
 def test_a_read_consumes_its_place_and_releases_the_blob(tmp_path) -> None:
-    cache = DiskCache(str(tmp_path / "c"), BUDGET)
-    cache.plan([key(i) for i in range(20)], "job")
-    for i in range(20):
-        cache.put(key(i), blob(i))
+    cache = planned_cache(tmp_path, 20)
     assert cache.stats()["cache_planned_bytes"] == 20 * SIZE
     for i in range(10):
         assert cache.get(key(i)) is not None
@@ -90,10 +96,7 @@ def test_a_read_consumes_its_place_and_releases_the_blob(tmp_path) -> None:
 
 def test_a_read_served_from_memory_consumes_its_place_as_a_get_does(tmp_path) -> None:
     """The spoke keeps verified chunks in memory in front of the cache and then only touches it."""
-    cache = DiskCache(str(tmp_path / "c"), BUDGET)
-    cache.plan([key(i) for i in range(20)], "job")
-    for i in range(20):
-        cache.put(key(i), blob(i))
+    cache = planned_cache(tmp_path, 20)
     hits = cache.hits
     for i in range(10):
         cache.touch(key(i))
@@ -106,10 +109,7 @@ def test_a_read_served_from_memory_consumes_its_place_as_a_get_does(tmp_path) ->
 def test_skipped_places_are_released_but_a_stray_read_far_ahead_is_not_a_skip(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(plans, "PLAN_SKIP", 5)
     monkeypatch.setattr(plans, "PLAN_LAG", 0)
-    cache = DiskCache(str(tmp_path / "c"), BUDGET)
-    cache.plan([key(i) for i in range(30)], "job")
-    for i in range(30):
-        cache.put(key(i), blob(i))
+    cache = planned_cache(tmp_path, 30)
     cache.get(key(3))  # 0, 1, 2 were passed over
     assert cache.stats()["cache_planned_bytes"] == 26 * SIZE
     cache.get(key(25))  # far ahead: only its own place goes
@@ -124,10 +124,7 @@ def test_the_last_places_before_a_read_stay_planned_for_readers_of_several_files
     places are released."""
     monkeypatch.setattr(plans, "PLAN_SKIP", 16)
     monkeypatch.setattr(plans, "PLAN_LAG", 20)
-    cache = DiskCache(str(tmp_path / "c"), BUDGET)
-    cache.plan([key(i) for i in range(40)], "job")
-    for i in range(40):
-        cache.put(key(i), blob(i))
+    cache = planned_cache(tmp_path, 40)
     cache.get(key(0))
     cache.get(key(10))  # worker 2 starts file B
     assert cache.stats()["cache_planned_bytes"] == 38 * SIZE  # A's places 1-9 are still planned
@@ -152,10 +149,7 @@ def test_an_id_planned_twice_stays_planned_until_its_second_read(tmp_path) -> No
 
 
 def test_dropping_or_replacing_a_plan_makes_its_blobs_ordinary(tmp_path) -> None:
-    cache = DiskCache(str(tmp_path / "c"), BUDGET)
-    cache.plan([key(i) for i in range(40)], "job")
-    for i in range(40):
-        cache.put(key(i), blob(i))
+    cache = planned_cache(tmp_path, 40)
     cache.plan([key(i) for i in range(30, 40)], "job")  # a new epoch replaces the old order
     assert cache.stats()["cache_planned_bytes"] == 10 * SIZE
     cache.drop_plan("job")

@@ -370,18 +370,19 @@ def test_many_hinting_jobs_share_what_the_caches_plans_may_hold(monkeypatch) -> 
         look.stop()
 
 
-def test_the_read_plan_reaches_past_the_window_and_is_worked_out_again_halfway() -> None:
-    """The cache is told what the job reads next up to ``plan_bytes`` ahead (so with a data
+def test_the_read_plan_reaches_past_the_window_and_is_worked_out_again_halfway(monkeypatch) -> None:
+    """The cache is told what the job reads next up to PLAN_IDS chunks ahead (so with a data
     set larger than the cache it keeps what comes soon), while only the window is fetched."""
     import threading
 
+    import spoke.hints as hints
     from fabric.format.model import Entry
-    from spoke.hints import Lookahead
 
+    monkeypatch.setattr(hints, "PLAN_IDS", 16)
     chunk, files_n = 64 * KiB, 64
     files = [Entry(size=chunk, chunks=((bytes([f + 1]) * 32, chunk),)) for f in range(files_n)]
     order = [e.chunks[0][0] for e in files]
-    window, ahead = 4 * chunk, 16 * chunk
+    window = 4 * chunk
     plans: list[list[bytes]] = []
     changed = threading.Condition()
 
@@ -395,7 +396,7 @@ def test_the_read_plan_reaches_past_the_window_and_is_worked_out_again_halfway()
             assert changed.wait_for(lambda: plans and plans[-1] == want, timeout=10), plans[-1:]
 
     fetcher = _RecordingFetcher()
-    look = Lookahead(fetcher, lambda es: [e.chunks for e in es], window, plan, plan_bytes=ahead)
+    look = hints.Lookahead(fetcher, lambda es: [e.chunks for e in es], window, plan)
     try:
         look.hint("job", "repo", files, append=False)
         planned(order[:16])

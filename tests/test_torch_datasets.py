@@ -5,6 +5,7 @@ world), epoch shuffles, read-order hints sent by HintingSampler, and hints that 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -16,6 +17,7 @@ import tarfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -316,14 +318,23 @@ class _RefusingProxy(BaseHTTPRequestHandler):
         pass
 
 
-def test_an_epoch_does_not_wait_for_its_hint(hub: Hub, data_repo: str) -> None:
-    """The hint is sent beside the reads: the sampler yields at once although the server takes
-    2 s to answer it; ``last_hint`` waits for the answer."""
-    handler = type("Proxy", (_RefusingProxy,), {"target": hub.url, "refused": 0, "hint_delay": 2.0})
+@contextlib.contextmanager
+def hint_proxy(hub: Hub, **attrs) -> Iterator[tuple[str, type[_RefusingProxy]]]:
+    """A :class:`_RefusingProxy` in front of ``hub`` (class attributes ``attrs``): its URL and handler class."""
+    handler = type("Proxy", (_RefusingProxy,), {"target": hub.url, "refused": 0, **attrs})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_epoch_does_not_wait_for_its_hint(hub: Hub, data_repo: str) -> None:
+    """The hint is sent beside the reads: the sampler yields at once although the server takes
+    2 s to answer it; ``last_hint`` waits for the answer."""
+    with hint_proxy(hub, hint_delay=2.0) as (url, _):
         ds = FabricFileDataset(f"{data_repo}@main/files", decode=decode_file, server=url, token=hub.token, suffixes=[".bin"])
         sampler = HintingSampler(RandomSampler(ds), ds)
         started = time.monotonic()
@@ -332,17 +343,10 @@ def test_an_epoch_does_not_wait_for_its_hint(hub: Hub, data_repo: str) -> None:
         assert time.monotonic() - started < 1.5
         assert sampler.last_hint is not None and sampler.last_hint["paths"] == FILES
         assert time.monotonic() - started >= 2.0
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_refused_hint_does_not_stop_training(hub: Hub, data_repo: str, caplog) -> None:
-    handler = type("Proxy", (_RefusingProxy,), {"target": hub.url, "refused": 0})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with hint_proxy(hub) as (url, handler):
         ds = FabricFileDataset(f"{data_repo}@main/files", decode=decode_file, server=url, token=hub.token, suffixes=[".bin"])
         sampler = HintingSampler(RandomSampler(ds), ds)
         with caplog.at_level(logging.WARNING, logger="fabric.torch"):
@@ -357,9 +361,6 @@ def test_a_refused_hint_does_not_stop_training(hub: Hub, data_repo: str, caplog)
         shards = FabricShardDataset(f"{data_repo}@main/pq", server=url, token=hub.token)
         assert len(list(shards)) == PQ_SHARDS * PQ_PER_SHARD
         assert handler.refused == 3
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_hinting_sampler_sends_the_epoch_order_to_the_spoke(hub: Hub, data_repo: str, tmp_path) -> None:
