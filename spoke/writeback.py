@@ -4,7 +4,7 @@ A write is durable once its chunk frames are pinned (fsynced) in the cache
 and its entry is a row in ``writeback.db`` (SQLite, synchronous=FULL). A
 background flusher pushes queued writes to the hub, each branch in its own
 order and independently of the others: it asks which chunks the hub lacks,
-uploads one pack of those frames, stages the entries, then deletes the rows
+uploads those frames in packs (a few at once), stages the entries, then deletes the rows
 and unpins the frames. Until a write lands, reads of its branch at this spoke
 see it.
 
@@ -55,6 +55,7 @@ from fabric.errors import Conflict, FabricError, NotFound, Unavailable
 from fabric.format import packs
 from fabric.format.model import FILE, Entry, stored_ids
 from fabric.util import sqlite
+from fabric.util.inflight import Inflight
 
 from .holds import Holds
 from .hub_errors import is_permanent, never_sent
@@ -63,8 +64,13 @@ from .traffic import PUSH, Traffic
 log = logging.getLogger("fabric.spoke")
 
 BATCH = 256
-#: Chunks sent on early per round of the flusher (about 32 MiB of 64 KiB chunks).
-EARLY_BATCH = 512
+#: Chunks sent on early per round of the flusher (about 128 MiB of 64 KiB chunks): one question
+#: to the hub per round, and the round's last packs land before the next round starts, so a
+#: small round leaves the link idle for a larger share of the time. Each pack's chunks are
+#: unpinned as soon as it lands, so a round's size does not hold room a writer waits for.
+EARLY_BATCH = 2048
+#: Packs (of half the target pack size) uploaded to the hub at once by the flusher.
+PUSH_DEPTH = 3
 #: How long uploaded chunks stay pinned waiting for an entry that uses them.
 UPLOAD_HOLD = 3600.0
 #: Backoff of a branch whose writes fail transiently: first and longest wait.
@@ -455,7 +461,10 @@ class WriteBack:
             by_repo.setdefault(repo, []).append(cid)
         try:
             with self.traffic.purpose(PUSH):
-                sent = sum(self._push_chunks(repo, ids, skip_absent=True) for repo, ids in by_repo.items())
+                sent = sum(
+                    self._push_chunks(repo, ids, skip_absent=True, landed=lambda pack, r=repo: self._early_landed(r, pack))
+                    for repo, ids in by_repo.items()
+                )
         except FabricError as exc:
             if is_permanent(exc):  # best effort: their entries, when queued, push them again
                 log.warning("write-back: %d chunk(s) not sent on early: %s", len(batch), exc.message)
@@ -463,9 +472,16 @@ class WriteBack:
             raise
         self._done_early(batch)
         self.early_sent += sent
-        # At the hub now (whose gc spares new chunks for hours): they need not hold room among
-        # the pinned bytes, which a writer may be waiting for. A queued entry keeps its own pinned.
-        self._unpin_unneeded(cid for _, cid in batch)
+        self._unpin_unneeded(cid for _, cid in batch)  # those the hub had already
+
+    def _early_landed(self, repo: str, ids: list[bytes]) -> None:
+        """A pack of early chunks is at the hub (whose gc spares new chunks for hours): they
+        need not hold room among the pinned bytes, which a writer may be waiting for. A queued
+        entry keeps its own pinned."""
+        with self._lock:
+            with sqlite.transaction(self._db) as cur:
+                cur.executemany("DELETE FROM early WHERE repo = ? AND chunk = ?", [(repo, cid) for cid in ids])
+        self._unpin_unneeded(ids)
 
     def _done_early(self, batch: list[tuple[str, bytes]]) -> None:
         """The first early chunks, ``batch``, are at the hub, or never will be sent early."""
@@ -475,26 +491,41 @@ class WriteBack:
             for _ in batch:
                 self._early.popleft()
 
-    def _push_chunks(self, repo: str, ids: list[bytes], skip_absent: bool = False) -> int:
+    def _push_chunks(
+        self, repo: str, ids: list[bytes], skip_absent: bool = False, landed: Callable[[list[bytes]], None] | None = None
+    ) -> int:
         """Upload the chunks of ``ids`` the hub lacks as chunks of ``repo``, from the cache;
-        how many were sent."""
-        builder = packs.PackBuilder()
+        how many were sent. :data:`PUSH_DEPTH` packs are on the link at once: one at a time
+        would leave it idle for a round trip and the hub's time on each pack. ``landed`` is
+        called (from an upload thread) with the ids of each pack the hub took."""
         sent = 0
-        for cid in self.upstream.missing_chunks(ids, repo=repo) if ids else []:
-            frame = self.cache.get(cid)
-            if frame is None and skip_absent:
-                continue
-            if frame is None:
-                raise Unavailable(f"queued chunk {cid.hex()} is missing from the spoke cache")
-            sent += 1
-            builder.add(cid, frame)
-            if builder.size >= packs.TARGET_SIZE // 2:
-                self.upstream.receive_pack(builder.finish(), repo=repo)
-                builder = packs.PackBuilder()
-        if len(builder):
-            self.upstream.receive_pack(builder.finish(), repo=repo)
-        return sent
+        with Inflight(PUSH_DEPTH, "writeback-push") as uploads:
 
+            def upload(builder: packs.PackBuilder) -> None:
+                pack, pack_ids = builder.finish(), list(builder.ids)
+
+                def send() -> None:
+                    self.upstream.receive_pack(pack, repo=repo)
+                    if landed is not None:
+                        landed(pack_ids)
+
+                uploads.submit(send)
+
+            builder = packs.PackBuilder()
+            for cid in self.upstream.missing_chunks(ids, repo=repo) if ids else []:
+                frame = self.cache.get(cid)
+                if frame is None and skip_absent:
+                    continue
+                if frame is None:
+                    raise Unavailable(f"queued chunk {cid.hex()} is missing from the spoke cache")
+                sent += 1
+                builder.add(cid, frame)
+                if builder.size >= packs.TARGET_SIZE // 2:
+                    upload(builder)
+                    builder = packs.PackBuilder()
+            if len(builder):
+                upload(builder)
+        return sent
 
 def open_writeback(cache_dir: str, upload_hold: float = UPLOAD_HOLD) -> WriteBack:
     return WriteBack(os.path.join(cache_dir, "writeback.db"), upload_hold)

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from fabric.format.ingest import PackSession
+from fabric.util.inflight import Inflight
 
 #: Raw bytes of chunks per background batch (one question to the server each).
 BATCH_BYTES = 8 * 1024 * 1024
@@ -44,15 +44,11 @@ class PipelinedSink:
         """``session``: the sink the background batches feed (it asks, frames and delivers)."""
         self._session = session
         self._batch_bytes = batch_bytes
-        self._depth = depth
         self._lock = threading.Lock()
         self._offered: set[bytes] = set()
         self._batch: list[tuple[bytes, bytes]] = []
         self._pending = 0
-        self._slots = threading.BoundedSemaphore(depth)
-        self._pool: ThreadPoolExecutor | None = None
-        self._running: set[Future[None]] = set()
-        self._error: BaseException | None = None
+        self._inflight = Inflight(depth, "fabric-upload")  # bounds the bytes held: add() waits for a batch to finish
 
     @property
     def new_chunks(self) -> int:
@@ -73,7 +69,7 @@ class PipelinedSink:
         return new
 
     def add(self, cid: bytes, raw: bytes | memoryview) -> None:
-        self._raise_error()
+        self._inflight.raise_error()
         with self._lock:
             self._batch.append((cid, bytes(raw)))  # the caller may reuse its buffer
             self._pending += len(raw)
@@ -91,12 +87,10 @@ class PipelinedSink:
         if batch:
             self._dispatch(batch)
         try:
-            for future in list(self._running):
-                future.exception()  # waits; the error is kept by the callback
-            self._raise_error()
+            self._inflight.wait()
             self._session.close()
         finally:
-            self._shutdown()
+            self._inflight.close()
 
     def __enter__(self) -> PipelinedSink:
         return self
@@ -105,42 +99,15 @@ class PipelinedSink:
         if exc[0] is None:
             self.close()
         else:
-            self._shutdown()
+            self._inflight.close()
 
     def _take_batch(self) -> list[tuple[bytes, bytes]]:
         batch, self._batch, self._pending = self._batch, [], 0
         return batch
 
     def _dispatch(self, batch: list[tuple[bytes, bytes]]) -> None:
-        self._slots.acquire()  # bounds the bytes held: the caller waits for a batch to finish
-        try:
-            self._raise_error()
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._depth, thread_name_prefix="fabric-upload")
-            future = self._pool.submit(self._send, batch)
-        except BaseException:
-            self._slots.release()
-            raise
-        with self._lock:
-            self._running.add(future)
-        future.add_done_callback(self._finished)
+        self._inflight.submit(lambda: self._send(batch))
 
     def _send(self, batch: list[tuple[bytes, bytes]]) -> None:
         new = self._session.filter_new([cid for cid, _ in batch])
         self._session.add_many([(cid, data) for cid, data in batch if cid in new])
-
-    def _finished(self, future: Future[None]) -> None:
-        with self._lock:
-            self._running.discard(future)
-            if self._error is None and not future.cancelled() and future.exception() is not None:
-                self._error = future.exception()
-        self._slots.release()
-
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def _shutdown(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)

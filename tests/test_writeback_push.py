@@ -1,0 +1,126 @@
+"""The write-back's push of chunks sent on early: several packs on the link at once, and
+each pack's chunks unpinned as soon as the hub has it (not at the end of the round).
+
+A unit test of :class:`spoke.writeback.WriteBack` with a real cache and queue; the hub is a
+stand-in that holds each upload until the test lets it go, so what is in flight at a given
+moment can be seen. The whole path against a real hub is covered by test_spoke_outage.py,
+test_checkpoint_spoke_kill.py and bench/bench_checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from fabric.cache.disk import DiskCache
+from fabric.format import frames, packs
+from spoke import writeback
+from spoke.traffic import Traffic
+from spoke.writeback import PUSH_DEPTH, WriteBack
+
+pytestmark = pytest.mark.timeout(60)
+
+CHUNK = 64 * 1024
+PER_PACK = 4
+
+
+class HeldHub:
+    """Takes packs like the hub's client, each upload held until :meth:`release`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = self.peak = 0
+        self.landed: list[list[bytes]] = []
+        self.gate = threading.Semaphore(0)
+
+    def missing_chunks(self, ids: Sequence[bytes], repo: str | None = None) -> list[bytes]:
+        return list(ids)
+
+    def receive_pack(self, data: bytes, durability: str | None = None, repo: str | None = None) -> tuple[int, int]:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        self.gate.acquire(timeout=30)
+        ids = [c.id for c in packs.parse_index(data)]
+        with self.lock:
+            self.running -= 1
+            self.landed.append(ids)
+        return len(ids), len(ids)
+
+    def release(self, n: int) -> None:
+        for _ in range(n):
+            self.gate.release()
+
+
+def wait_for(cond, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def pushing(tmp_path, monkeypatch) -> Iterator[tuple[WriteBack, DiskCache, HeldHub, list[bytes]]]:
+    monkeypatch.setattr(packs, "TARGET_SIZE", 2 * PER_PACK * (CHUNK + frames.HEADER_LEN))  # PER_PACK chunks a pack
+    cache = DiskCache(str(tmp_path / "chunks"), 64 << 20)
+    blobs = {os.urandom(32): frames.encode(os.urandom(CHUNK)) for _ in range(10 * PER_PACK)}
+    cache.put_pinned(blobs.items())
+    hub = HeldHub()
+    wb = WriteBack(str(tmp_path / "writeback.db"))
+    wb.start(cache, hub, Traffic(), lambda *_: None)  # type: ignore[arg-type]
+    try:
+        yield wb, cache, hub, list(blobs)
+    finally:
+        hub.release(100)
+        wb.stop()
+        cache.close()
+
+
+def pinned(cache: DiskCache) -> int:
+    return cache.stats()["cache_pinned_bytes"]
+
+
+def test_packs_go_up_several_at_once_and_each_is_unpinned_when_it_lands(pushing) -> None:
+    wb, cache, hub, ids = pushing
+    frame_bytes = pinned(cache) // len(ids)
+    wb.send_early("r", ids)
+    wait_for(lambda: hub.running == PUSH_DEPTH, f"{PUSH_DEPTH} uploads in flight")
+    time.sleep(0.2)
+    assert hub.running == PUSH_DEPTH, "no more packs than PUSH_DEPTH are uploaded at once"
+    assert pinned(cache) == len(ids) * frame_bytes, "nothing is unpinned before the hub has it"
+
+    hub.release(1)
+    wait_for(lambda: len(hub.landed) == 1, "the first pack to land")
+    first = set(hub.landed[0])
+    wait_for(lambda: pinned(cache) == (len(ids) - PER_PACK) * frame_bytes, "the landed pack's chunks to be unpinned")
+    with cache._lock:  # which ones: exactly the landed pack's
+        assert first.isdisjoint(cache._pinned)
+        assert len(cache._pinned) == len(ids) - PER_PACK
+    wait_for(lambda: hub.running == PUSH_DEPTH, "the next pack to take the free place")
+
+    hub.release(100)
+    wait_for(lambda: pinned(cache) == 0, "every chunk unpinned")
+    assert sorted(c for pack in hub.landed for c in pack) == sorted(ids), "each chunk sent exactly once"
+    assert hub.peak == PUSH_DEPTH
+    assert wb.pinned_chunks() == set(), "no early chunk is left to send after a restart"
+
+
+def test_a_restart_before_a_pack_lands_sends_only_what_had_not_landed(pushing, tmp_path) -> None:
+    wb, cache, hub, ids = pushing
+    wb.send_early("r", ids)
+    hub.release(2)
+    wait_for(lambda: len(hub.landed) == 2, "two packs to land")
+    landed = {c for pack in hub.landed for c in pack}
+    wait_for(lambda: landed.isdisjoint(wb.pinned_chunks()), "the landed packs to leave the early table")
+    # A restarted spoke reads the early table: it pins and sends again only what had not landed.
+    again = WriteBack(str(tmp_path / "writeback.db"))
+    try:
+        assert again.pinned_chunks() == set(ids) - landed
+    finally:
+        again.stop()
+    assert writeback.EARLY_BATCH >= len(ids)  # one round: the assertion above saw a round in progress
