@@ -296,8 +296,11 @@ def trainer(cfg_path: str) -> None:
         emit({"event": "start", "label": step["label"]})
         seen: dict[str, int] = {}
         nbytes = batches = 0
+        first_s = None  # seconds until the first batch reached the loop (the epoch's start-up)
         t0 = time.perf_counter()
         for paths, tensor, digests in loader:
+            if first_s is None:
+                first_s = time.perf_counter() - t0
             for path, digest in zip(paths, digests):
                 if digest != want.get(path):
                     wrong(f"DATA MISMATCH: {cfg['reader']} read {path} with sha256 {digest}, want {want.get(path)}")
@@ -313,7 +316,7 @@ def trainer(cfg_path: str) -> None:
             rate = batches / wall
         event = {"event": "end", "label": step["label"], "wall_s": wall, "bytes": nbytes, "batches": batches,
                  "mb_s": nbytes / wall / MB, "pause_s": pause, "n": n, "verified": True,
-                 "au": batches * pause / wall if pause else None}
+                 "au": batches * pause / wall if pause else None, "first_s": first_s}
         if not pause:
             event["n90"] = math.floor(rate * cfg["compute_s"] / AU_TARGET)
         if sampler is not order:
@@ -669,7 +672,8 @@ def run_session(reader: Reader, steps: list[dict], tag: str) -> list[dict]:
                     results.append(ev)
                     print(f"  {env.rate_mbit:g} Mbit/s {wl.name:10} {reader.name:16} {ev['label']:10} "
                           f"{ev['mb_s']:7.1f} MB/s  AU {'-' if ev['au'] is None else format(ev['au'], '.3f'):>5}  "
-                          f"N {ev['n'] or '-'}  WAN {ev['wan_bytes'] / MB:7.1f} MB", file=sys.stderr, flush=True)
+                          f"N {ev['n'] or '-'}  WAN {ev['wan_bytes'] / MB:7.1f} MB  first batch {ev['first_s'] or 0:.2f} s  "
+                          f"waited {ev['wall_s'] - ev['batches'] * ev['pause_s']:.2f} s", file=sys.stderr, flush=True)
             rc = proc.wait()
         if rc == WRONG_DATA_EXIT:
             raise SystemExit(f"{reader.name} read wrong data; the end of {log_path}:\n{tail(log_path)}")
@@ -802,7 +806,7 @@ def summarize(rows: list[dict]) -> dict:
         for wl, readers in wls.items():
             for reader, labels in readers.items():
                 for label, rs in labels.items():
-                    s = {k: med(rs, k) for k in ("au", "mb_s", "wan_bytes", "n", "n90", "wall_s")}
+                    s = {k: med(rs, k) for k in ("au", "mb_s", "wan_bytes", "n", "n90", "wall_s", "first_s")}
                     stats = [r["job_stats"] for r in rs if r.get("job_stats")]
                     if stats:
                         s["job_stats"] = stats[-1]
@@ -898,6 +902,7 @@ def goals(summary: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
 
 
 ROWS = (("epoch", "au", "AU at the load point", "{:.1%}"), ("epoch", "wan_bytes", "WAN at the load point, MB", "mb"),
+        ("epoch", "first_s", "wait for the first batch at the load point, s", "{:.2f}"),
         ("cap-cold", "mb_s", "capacity cold (no compute), MB/s", "{:.1f}"),
         ("cold", "n90", "accelerators at AU >= 90%, cold: N90 (verified AU)", "n90"),
         ("cap-warm", "mb_s", "capacity warm, MB/s", "{:.1f}"), ("warm", "n90", "N90 warm (verified AU)", "n90"))
@@ -952,7 +957,7 @@ def render(report: dict) -> str:
                         continue
                     mine = cells.get("fabric-hints", ("-", None))[1]
                     peers = [v for n, (_, v) in cells.items() if n in PEERS and v is not None]
-                    lower_better = key == "wan_bytes"
+                    lower_better = key in ("wan_bytes", "first_s")
                     best = (min(peers) if lower_better else max(peers)) if peers else None
                     ratio = f"{mine / best:.2f}" if mine is not None and best else "-"
                     row = title.replace("at the load point", f"{lab}") if label == "epoch" else title
