@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -500,17 +501,6 @@ class WriteBack:
         called (from an upload thread) with the ids of each pack the hub took."""
         sent = 0
         with Inflight(PUSH_DEPTH, "writeback-push") as uploads:
-
-            def upload(builder: packs.PackBuilder) -> None:
-                pack, pack_ids = builder.finish(), list(builder.ids)
-
-                def send() -> None:
-                    self.upstream.receive_pack(pack, repo=repo)
-                    if landed is not None:
-                        landed(pack_ids)
-
-                uploads.submit(send)
-
             builder = packs.PackBuilder()
             for cid in self.upstream.missing_chunks(ids, repo=repo) if ids else []:
                 frame = self.cache.get(cid)
@@ -521,11 +511,17 @@ class WriteBack:
                 sent += 1
                 builder.add(cid, frame)
                 if builder.size >= packs.TARGET_SIZE // 2:
-                    upload(builder)
+                    uploads.submit(functools.partial(self._upload_pack, repo, builder.finish(), list(builder.ids), landed))
                     builder = packs.PackBuilder()
             if len(builder):
-                upload(builder)
+                uploads.submit(functools.partial(self._upload_pack, repo, builder.finish(), list(builder.ids), landed))
         return sent
+
+    def _upload_pack(self, repo: str, pack: bytes, ids: list[bytes], landed: Callable[[list[bytes]], None] | None) -> None:
+        self.upstream.receive_pack(pack, repo=repo)
+        if landed is not None:
+            landed(ids)
+
 
 def open_writeback(cache_dir: str, upload_hold: float = UPLOAD_HOLD) -> WriteBack:
     return WriteBack(os.path.join(cache_dir, "writeback.db"), upload_hold)

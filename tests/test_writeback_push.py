@@ -21,6 +21,7 @@ from fabric.format import frames, packs
 from spoke import writeback
 from spoke.traffic import Traffic
 from spoke.writeback import PUSH_DEPTH, WriteBack
+from tests.spokeserver import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,14 +57,6 @@ class HeldHub:
             self.gate.release()
 
 
-def wait_for(cond, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def pushing(tmp_path, monkeypatch) -> Iterator[tuple[WriteBack, DiskCache, HeldHub, list[bytes]]]:
     monkeypatch.setattr(packs, "TARGET_SIZE", 2 * PER_PACK * (CHUNK + frames.HEADER_LEN))  # PER_PACK chunks a pack
@@ -89,22 +82,22 @@ def test_packs_go_up_several_at_once_and_each_is_unpinned_when_it_lands(pushing)
     wb, cache, hub, ids = pushing
     frame_bytes = pinned(cache) // len(ids)
     wb.send_early("r", ids)
-    wait_for(lambda: hub.running == PUSH_DEPTH, f"{PUSH_DEPTH} uploads in flight")
+    wait_for(lambda: hub.running == PUSH_DEPTH)  # PUSH_DEPTH uploads in flight
     time.sleep(0.2)
     assert hub.running == PUSH_DEPTH, "no more packs than PUSH_DEPTH are uploaded at once"
     assert pinned(cache) == len(ids) * frame_bytes, "nothing is unpinned before the hub has it"
 
     hub.release(1)
-    wait_for(lambda: len(hub.landed) == 1, "the first pack to land")
+    wait_for(lambda: len(hub.landed) == 1)  # the first pack to land
     first = set(hub.landed[0])
-    wait_for(lambda: pinned(cache) == (len(ids) - PER_PACK) * frame_bytes, "the landed pack's chunks to be unpinned")
+    wait_for(lambda: pinned(cache) == (len(ids) - PER_PACK) * frame_bytes)  # the landed pack's chunks to be unpinned
     with cache._lock:  # which ones: exactly the landed pack's
         assert first.isdisjoint(cache._pinned)
         assert len(cache._pinned) == len(ids) - PER_PACK
-    wait_for(lambda: hub.running == PUSH_DEPTH, "the next pack to take the free place")
+    wait_for(lambda: hub.running == PUSH_DEPTH)  # the next pack to take the free place
 
     hub.release(100)
-    wait_for(lambda: pinned(cache) == 0, "every chunk unpinned")
+    wait_for(lambda: pinned(cache) == 0)  # every chunk unpinned
     assert sorted(c for pack in hub.landed for c in pack) == sorted(ids), "each chunk sent exactly once"
     assert hub.peak == PUSH_DEPTH
     assert wb.pinned_chunks() == set(), "no early chunk is left to send after a restart"
@@ -112,15 +105,15 @@ def test_packs_go_up_several_at_once_and_each_is_unpinned_when_it_lands(pushing)
 
 def test_a_restart_before_a_pack_lands_sends_only_what_had_not_landed(pushing, tmp_path) -> None:
     wb, cache, hub, ids = pushing
+    assert writeback.EARLY_BATCH >= len(ids)  # one round: what is seen below is a round in progress
     wb.send_early("r", ids)
     hub.release(2)
-    wait_for(lambda: len(hub.landed) == 2, "two packs to land")
+    wait_for(lambda: len(hub.landed) == 2)  # two packs to land
     landed = {c for pack in hub.landed for c in pack}
-    wait_for(lambda: landed.isdisjoint(wb.pinned_chunks()), "the landed packs to leave the early table")
+    wait_for(lambda: landed.isdisjoint(wb.pinned_chunks()))  # the landed packs to leave the early table
     # A restarted spoke reads the early table: it pins and sends again only what had not landed.
     again = WriteBack(str(tmp_path / "writeback.db"))
     try:
         assert again.pinned_chunks() == set(ids) - landed
     finally:
         again.stop()
-    assert writeback.EARLY_BATCH >= len(ids)  # one round: the assertion above saw a round in progress
