@@ -358,8 +358,13 @@ for step in (1, 2):
     assert got is not None and got.step == step, got
 state = ck.load(state_dict=blank_dcp_state())
 assert_dcp_equal(state, dcp_state(2))
+dist.barrier()
 dist.destroy_process_group()
 print("rank", os.environ["RANK"], "ok", got.commit, flush=True)
+# What is tested ends here. torch's C++ teardown at interpreter exit now and then aborts
+# ("terminate called without an active exception": a gloo or store thread still joinable),
+# which is torch's, not the helper's: leave without it.
+os._exit(0)
 """
 
 
@@ -376,8 +381,8 @@ def test_dcp_checkpoints_of_a_process_group(hub: Hub):
         for r in range(2)
     ]
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and " ok " in out, (p.returncode, out[-1000:], err[-3000:])
     commits = {out.split()[-1] for out, _ in outs}
     ck = Checkpoints(repo, "train", server=hub.url, token=hub.token)
     assert [c.step for c in ck.list()] == [1, 2] and commits == {ck.latest().commit}
