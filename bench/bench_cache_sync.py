@@ -9,7 +9,11 @@ making only the batch's own files durable:
 - ``syncfs``: what the spoke does;
 - ``fsync``: one ``fsync`` per file, then one per directory;
 - ``fsync-threads``: the same from 16 threads (the file system may commit them together);
-- ``range-fdatasync``: ``sync_file_range`` (start writeback) on every file, then ``fdatasync`` each.
+- ``range-fdatasync``: ``sync_file_range`` (start writeback) on every file, then ``fdatasync`` each;
+- ``journal``: the batch's bytes written once more as one new file, ``fdatasync``ed with its
+  directory (the chunk files stay unsynced; a restart would rebuild them from the journal);
+- ``journal-reused``: the same written over a journal file of fixed size whose blocks already
+  exist, so ``fdatasync`` flushes data and no file-system metadata.
 
 Each round writes ``--files`` files of ``--kib`` KiB (one 16 MiB pack of 64 KiB chunks by
 default) as the cache does (a temporary file renamed into one of 256 directories), then
@@ -85,6 +89,27 @@ def sync_ranges(paths: list[str]) -> None:
     _on_each(_dirs(paths), os.fsync)
 
 
+def journal_new(root: str, data: bytes, tag: str) -> None:
+    path = os.path.join(root, f"journal-{tag}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    _on_each([root], os.fsync)
+    os.unlink(path)
+
+
+def journal_reused(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
 def dirty_writer(root: str, mb: int, stop: threading.Event) -> None:
     """Keep rewriting an ``mb`` MB file without syncing it: unwritten pages on the file system."""
     block = b"\0" * (1 << 20)
@@ -108,13 +133,20 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="bench-cache-sync-", dir=args.dir)
+    data = os.urandom(args.kib * 1024)
+    batch = data * args.files
+    reused = os.path.join(root, "reused-journal.bin")
+    with open(reused, "wb") as f:
+        f.write(os.urandom(len(batch)))
+        os.fsync(f.fileno())
     modes: dict[str, Callable[[list[str]], None]] = {
         "syncfs": lambda paths: sync_filesystem(root),
         "fsync": sync_each,
         "fsync-threads": sync_threads,
         "range-fdatasync": sync_ranges,
+        "journal": lambda paths: journal_new(root, batch, "j"),
+        "journal-reused": lambda paths: journal_reused(reused, batch),
     }
-    data = os.urandom(args.kib * 1024)
     stop = threading.Event()
     writer = threading.Thread(target=dirty_writer, args=(root, args.dirty_mb, stop), daemon=True) if args.dirty_mb else None
     times: dict[str, list[float]] = {m: [] for m in modes}
