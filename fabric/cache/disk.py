@@ -202,6 +202,9 @@ class DiskCache:
                 "cache_plan_ids": self._plans.places(),
                 "cache_evictions": self.evictions,
                 "cache_corruptions": self.corruptions,
+                "cache_journal_bytes": self._journal_bytes,
+                "cache_journal_syncs": self._journal.syncs,
+                "cache_journal_waits": self._journal.waits,
             }
 
     def keys(self) -> list[bytes]:

@@ -94,7 +94,8 @@ class PinJournal:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a slot was freed, or a sync ended
         self._syncing = False
-        self.syncs = 0  # sync rounds run to free slots (for tests and metrics)
+        self.syncs = 0  # sync rounds run to free slots
+        self.waits = 0  # writers that found no slot free (and ran or waited for a sync round)
 
     # -- writing -------------------------------------------------------------
     def write(self, blobs: Sequence[tuple[bytes, bytes]]) -> None:
@@ -149,6 +150,7 @@ class PinJournal:
     def _take(self) -> _Slot:
         """A free slot, marked busy; with none free, run (or wait for) a sync round, or wait
         for the writers that fill every slot now."""
+        waited = False
         while True:
             with self._lock:
                 for slot in self._slots:
@@ -156,6 +158,8 @@ class PinJournal:
                         slot.busy = True
                         slot.written = False
                         return slot
+                self.waits += not waited
+                waited = True
                 if self._syncing or not any(slot.written for slot in self._slots):
                     self._changed.wait()
                     continue
