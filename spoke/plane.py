@@ -776,9 +776,6 @@ class SpokePlane(DataPlane):
             "cache_chunk_bytes": chunk["cache_bytes"],
             "cache_meta_bytes": meta["cache_bytes"],
             "cache_pinned_bytes": chunk["cache_pinned_bytes"],
-            # Pinned batches made durable by a sync of the file system, and writers that waited for one.
-            "cache_journal_syncs": chunk["cache_journal_syncs"],
-            "cache_journal_waits": chunk["cache_journal_waits"],
             "cache_evictions": chunk["cache_evictions"] + meta["cache_evictions"],
             "cache_corruptions": chunk["cache_corruptions"] + meta["cache_corruptions"],
             "cache_refetched": self.fetcher.refetched,

@@ -22,16 +22,13 @@ frames and metadata objects, a mount's chunks (``--cache-dir``).
 - **Pins**: pinned blobs (unflushed writes) are never evicted; they count
   against the budget. A batch is pinned whole or not at all: its room is
   reserved under the lock before any file is written, so concurrent batches
-  never pin more than the budget between them. A batch is durable through the
-  pin journal (:mod:`fabric.cache.journal`): one synced slot file, never a
-  ``syncfs`` that waits for other writers' data, unless every slot is in use.
+  never pin more than the budget between them.
 - **Verification**: ``verify(key, data)`` runs on every read (a frame's xxh3
   checksum, a chunk's id); a corrupt file is dropped (and counted) and the
   caller fetches the blob again.
 - **Failures**: a blob that cannot be written (disk full, I/O error) is just
   not cached; only pinned blobs, which must be kept, raise (StorageFull when the disk is full).
-- **Restart**: blobs on disk are indexed again at start-up, after the pinned
-  ones a crash lost are rewritten from the pin journal.
+- **Restart**: blobs on disk are indexed again at start-up.
 - **One user**: the directory is locked (``flock`` of the directory itself) for the
   life of the cache, until :meth:`DiskCache.close` or the process ends; another
   process opening it gets :class:`~fabric.util.dirlock.DirectoryInUse`.
@@ -55,7 +52,6 @@ from dataclasses import dataclass
 from fabric.errors import Corruption, StorageFull
 from fabric.util.dirlock import DirLock
 
-from . import journal
 from .plans import PLAN_MAX_IDS, Plans
 
 log = logging.getLogger("fabric.cache")
@@ -104,10 +100,6 @@ class DiskCache:
         self.hits = self.misses = self.evictions = self.corruptions = 0
         self._subdirs: set[str] = set()  # fan-out directories known to exist (no mkdir per write)
         self._dirlock = DirLock(root, "cache directory")
-        self._journal = journal.PinJournal(
-            os.path.join(root, "journal"), lambda: sync_filesystem(root), self._reserve_journal, *journal.layout(budget)
-        )
-        self._journal_bytes = 0
         try:
             self._reindex(pinned)
         except BaseException:
@@ -131,7 +123,6 @@ class DiskCache:
 
     def _reindex(self, pinned: set[bytes]) -> None:
         """Index the blobs already on disk; ``pinned`` ones stay pinned, the rest join main."""
-        self._recover_pins(pinned)
         found = []
         for sub in os.listdir(self.root):
             d = os.path.join(self.root, sub)
@@ -157,39 +148,10 @@ class DiskCache:
             self._main[key] = _Item(size, 0)
             self._main_bytes += size
 
-    def _recover_pins(self, pinned: set[bytes]) -> None:
-        """Rewrite the pinned blobs whose files a crash lost or tore from the pin journal,
-        then sync once: the journal's slots may be reused from here on."""
-        journaled = False
-        for key, data in self._journal.records():
-            journaled = True
-            if key in pinned and not self._holds(key, data):
-                self._write(key, data, False)
-                log.info("cache %s: pinned blob %s restored from the pin journal", self.root, key.hex())
-        if journaled:
-            sync_filesystem(self.root)
-        self._journal.drop_strays()
-        self._journal_bytes = self._journal.disk_bytes()
-
-    def _reserve_journal(self, size: int) -> None:
-        """The pin journal's files grow by ``size`` bytes: unpinned blobs make way."""
-        with self._lock:
-            self._journal_bytes += size
-            self._make_room(0)
-
-    def _holds(self, key: bytes, data: bytes) -> bool:
-        """Whether ``key``'s file holds exactly ``data``."""
-        try:
-            return _read_file(self._path(key), len(data) + 1) == data
-        except (FileNotFoundError, NotADirectoryError):
-            return False
-
     # -- accounting ----------------------------------------------------------
     @property
     def used(self) -> int:
-        return (
-            self._window_bytes + self._main_bytes + self._pinned_bytes + self._held_bytes + self._doomed_bytes + self._journal_bytes
-        )
+        return self._window_bytes + self._main_bytes + self._pinned_bytes + self._held_bytes + self._doomed_bytes
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -202,9 +164,6 @@ class DiskCache:
                 "cache_plan_ids": self._plans.places(),
                 "cache_evictions": self.evictions,
                 "cache_corruptions": self.corruptions,
-                "cache_journal_bytes": self._journal_bytes,
-                "cache_journal_syncs": self._journal.syncs,
-                "cache_journal_waits": self._journal.waits,
             }
 
     def keys(self) -> list[bytes]:
@@ -296,9 +255,8 @@ class DiskCache:
         return self._store(key, data)
 
     def put_pinned(self, blobs: Iterable[tuple[bytes, bytes]], wait: float = 0.0) -> int:
-        """Pin a batch of blobs, on disk for good when this returns: the batch is written
-        once more into the pin journal (:mod:`fabric.cache.journal`), which is synced, not
-        each blob's file. How many were not cached before.
+        """Pin a batch of blobs, on disk for good when this returns: one sync of the file
+        system for the batch, not an fsync per blob. How many were not cached before.
 
         When the batch cannot fit beside what is pinned, wait up to ``wait`` seconds for
         blobs to be unpinned (back-pressure: the writer is slowed to the pace at which
@@ -309,20 +267,19 @@ class DiskCache:
 
     def _pin_batch(self, batch: dict[bytes, bytes], durable: bool, wait: float = 0.0) -> int:
         """Reserve and pin the whole batch under the lock, then write its files; ``durable``
-        fsyncs each file, else the pin journal makes the newly pinned blobs durable."""
+        fsyncs each file, else one sync of the file system covers the batch."""
         deadline = time.monotonic() + wait
         with self._lock:
             while True:
                 extra = sum(len(data) for key, data in batch.items() if key not in self._pinned)
                 left = deadline - time.monotonic()
-                room = self.budget - self._journal.max_bytes
-                if self._pinned_bytes + extra <= room:
+                if self._pinned_bytes + extra <= self.budget:
                     break
-                if extra > room or left <= 0:
+                if extra > self.budget or left <= 0:
                     waited = f" after waiting {wait:g} s for pinned blobs to be released" if wait > 0 else ""
                     raise CacheFull(
                         f"{extra} more bytes pinned would exceed the cache budget of {self.budget} bytes "
-                        f"({room} of which pins may take, {self._pinned_bytes} pinned by writes not yet at the hub){waited}"
+                        f"({self._pinned_bytes} pinned by writes not yet at the hub){waited}"
                     )
                 self._unpinned.wait(left)
             promoted = [key for key in batch if key not in self._pinned and self._pin_locked(key)]
@@ -340,7 +297,7 @@ class DiskCache:
             for key in to_write:
                 self._write(key, batch[key], durable)
             if not durable:
-                self._make_durable([(key, batch[key]) for key in (*promoted, *fresh)])
+                sync_filesystem(self.root)
         except BaseException as exc:
             self._unpin_failed(fresh, promoted)
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -349,14 +306,6 @@ class DiskCache:
         finally:
             self._written(to_write)
         return len(fresh)
-
-    def _make_durable(self, blobs: list[tuple[bytes, bytes]]) -> None:
-        """The newly pinned ``blobs``, whose files are written, on disk for good: through the
-        pin journal, or (a cache too small for one) a sync of the file system."""
-        if self._journal.usable:
-            self._journal.write(blobs)
-        else:
-            sync_filesystem(self.root)
 
     def _unpin_failed(self, fresh: list[bytes], promoted: list[bytes]) -> None:
         """Undo the pins of a batch that failed: its new blobs are forgotten, cached ones unpinned."""
@@ -507,7 +456,6 @@ class DiskCache:
                 continue
             setattr(self, f"{src}_bytes", getattr(self, f"{src}_bytes") - item.size)
             if src == "_pinned":
-                self._journal.release(key)
                 self._unpinned.notify_all()
             if to is not None:
                 getattr(self, to)[key] = item
