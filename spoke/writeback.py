@@ -511,16 +511,17 @@ class WriteBack:
                 sent += 1
                 builder.add(cid, frame)
                 if builder.size >= packs.TARGET_SIZE // 2:
-                    uploads.submit(functools.partial(self._upload_pack, repo, builder.finish(), list(builder.ids), landed))
+                    uploads.submit(functools.partial(self._upload_pack, repo, builder, landed))
                     builder = packs.PackBuilder()
             if len(builder):
-                uploads.submit(functools.partial(self._upload_pack, repo, builder.finish(), list(builder.ids), landed))
+                uploads.submit(functools.partial(self._upload_pack, repo, builder, landed))
         return sent
 
-    def _upload_pack(self, repo: str, pack: bytes, ids: list[bytes], landed: Callable[[list[bytes]], None] | None) -> None:
-        self.upstream.receive_pack(pack, repo=repo)
+    def _upload_pack(self, repo: str, builder: packs.PackBuilder, landed: Callable[[list[bytes]], None] | None) -> None:
+        """Send a full pack (from an upload thread); tell ``landed`` its ids once the hub has it."""
+        self.upstream.receive_pack(builder.finish(), repo=repo)
         if landed is not None:
-            landed(ids)
+            landed(list(builder.ids))
 
 
 def open_writeback(cache_dir: str, upload_hold: float = UPLOAD_HOLD) -> WriteBack:
