@@ -13,6 +13,7 @@ import gc
 import io
 import os
 import pickle
+import threading
 import time
 from dataclasses import replace
 
@@ -20,7 +21,8 @@ import pytest
 
 from fabric.engine.engine import Engine
 from fabric.errors import ChunksMissing
-from fabric.format import frames
+from fabric.format import frames, packs
+from fabric.format.chunking import chunk_id
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.model import Entry
 
@@ -141,6 +143,65 @@ def test_batch_compression_makes_the_frames_one_by_one_does(monkeypatch) -> None
     batch = frames.encode_many(raws)
     assert batch == [frames.encode(raw) for raw in raws]
     assert [frames.decode(f) for f in batch[:4]] == [bytes(r) for r in raws[:4]]
+
+
+def _batch(n: int, tag: bytes) -> list[tuple[bytes, bytes]]:
+    raws = [tag + b"%06d " % i * 40 for i in range(n)]
+    return [(chunk_id(raw), raw) for raw in raws]
+
+
+def _delivering_session() -> tuple[PackSession, dict[bytes, bytes]]:
+    """A session whose packs land in a dict of id -> frame."""
+    delivered: dict[bytes, bytes] = {}
+
+    def deliver(builder: packs.PackBuilder) -> None:
+        pack = builder.finish()
+        for c in packs.verify_pack(pack):
+            assert c.id not in delivered, "a chunk delivered twice"
+            delivered[c.id] = pack[c.offset : c.offset + c.length]
+
+    return PackSession(lambda ids: list(ids), deliver, 64 * 1024), delivered
+
+
+def test_a_large_batch_is_compressed_in_the_background_while_the_caller_goes_on(monkeypatch) -> None:
+    """add_many of a batch of many chunks returns before the batch is compressed; the next
+    one puts its frames into packs, close puts the last; every chunk lands once, framed as
+    encode() frames it."""
+    release = threading.Event()
+    compressed_in: list[str] = []
+    real = frames.compress_batch
+
+    def slow_compress(raws, threads):
+        compressed_in.append(threading.current_thread().name)
+        assert release.wait(10)
+        return real(raws, threads)
+
+    monkeypatch.setattr(frames, "compress_batch", slow_compress)
+    session, delivered = _delivering_session()
+    first, second = _batch(frames.BATCH_MIN, b"a"), _batch(frames.BATCH_MIN + 7, b"b")
+    caller = threading.Thread(target=session.add_many, args=(first,))
+    caller.start()
+    caller.join(5)
+    assert not caller.is_alive(), "add_many waited for the compression"
+    assert compressed_in and compressed_in[0] != threading.current_thread().name
+    release.set()
+    session.add_many(second)  # puts the first batch's frames
+    assert len(delivered) + len(session._builder) >= len(first)  # the first batch is in packs
+    session.close()
+    assert delivered == {cid: frames.encode(raw) for cid, raw in first + second}
+    assert session.new_chunks == len(first) + len(second)
+
+
+def test_a_failed_background_compression_fails_the_close(monkeypatch) -> None:
+    def broken(raws, threads):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(frames, "compress_batch", broken)
+    session, delivered = _delivering_session()
+    session.add_many(_batch(frames.BATCH_MIN, b"c"))
+    with pytest.raises(MemoryError):
+        session.close()
+    assert not delivered
 
 
 def test_entry_is_a_slots_class_that_still_pickles_and_replaces() -> None:

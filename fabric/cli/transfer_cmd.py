@@ -41,6 +41,7 @@ def import_(ctx: Ctx, src: str, target: str, message: str, prefix: str, no_delet
     match the branch are not read again. Prints the new commit id.
     """
     from fabric.client.transfer import import_directory
+    from fabric.util.heap import map_big_buffers
 
     repo, branch = repo_branch(target)
     # An import makes a few objects per file and keeps most of them to the end (the walk,
@@ -48,6 +49,7 @@ def import_(ctx: Ctx, src: str, target: str, message: str, prefix: str, no_delet
     # find nothing to free (a quarter of the CPU time of 100,000 small files). This
     # process does nothing else meanwhile, so it is off for the import.
     gc.disable()
+    map_big_buffers()  # packs and compressed batches are given back when freed, not kept
     try:
         result = import_directory(
             ctx.plane, src, repo, branch, message, prefix=prefix, delete=not no_delete, rehash=rehash,

@@ -62,11 +62,21 @@ def encode_many(raws: Sequence[bytes | memoryview]) -> list[bytes]:
     """:func:`encode` of each of ``raws``, the same frames.
 
     A batch of at least :data:`BATCH_MIN` chunks is compressed in one call of zstd's
-    batch API, which holds no GIL while it runs and spreads the chunks over
-    :data:`BATCH_THREADS` threads: many small chunks use a second core."""
+    batch API (:func:`compress_batch`), which holds no GIL while it runs and spreads
+    the chunks over :data:`BATCH_THREADS` threads: many small chunks use a second core."""
     if len(raws) < BATCH_MIN or BATCH_THREADS < 2:
         return [encode(raw) for raw in raws]
-    packed = _compressor().multi_compress_to_buffer(list(raws), threads=BATCH_THREADS)
+    return frame_batch(raws, compress_batch(raws, BATCH_THREADS))
+
+
+def compress_batch(raws: Sequence[bytes | memoryview], threads: int) -> zstandard.BufferWithSegmentsCollection:
+    """The zstd compression of each of ``raws``, in one call that holds no GIL (``threads``
+    threads of zstd's own); :func:`frame_batch` makes the frames of it."""
+    return _compressor().multi_compress_to_buffer(list(raws), threads=threads)
+
+
+def frame_batch(raws: Sequence[bytes | memoryview], packed: zstandard.BufferWithSegmentsCollection) -> list[bytes]:
+    """The frames of ``raws``, given :func:`compress_batch` of them."""
     return [_frame(raw, packed[i].tobytes()) for i, raw in enumerate(raws)]
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import BinaryIO, Protocol
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO, Protocol
 
 from fabric.format import chunking, frames, packs
 from fabric.format.model import FILE, HOLE_ID, Entry
@@ -225,6 +227,12 @@ class PackSession:
     full pack (the hub's pack store, or an upload to a server). Safe to use
     from many threads; chunks already taken by this session are skipped.
     After :meth:`close` returns every chunk added has been delivered.
+
+    A batch of at least :data:`~fabric.format.frames.BATCH_MIN` chunks (many small
+    files) is compressed by a background thread, which holds no GIL meanwhile, while
+    the caller goes on reading the next batch; its frames go into packs at the next
+    :meth:`add_many` or at :meth:`close`. Several threads may add at once; the session
+    holds the batches they started and not yet put, usually one.
     """
 
     def __init__(
@@ -239,6 +247,8 @@ class PackSession:
         self._builder = packs.PackBuilder()
         self._taken: set[bytes] = set()
         self._lock = threading.Lock()
+        self._compressor: ThreadPoolExecutor | None = None
+        self._compressing: deque[tuple[list[tuple[bytes, bytes | memoryview]], Future[Any]]] = deque()
         self.new_chunks = 0
         self.new_bytes = 0
         self.stored_bytes = 0
@@ -256,15 +266,35 @@ class PackSession:
         self._put(cid, raw, frames.encode(raw))  # compression runs outside the lock
 
     def add_many(self, pairs: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
-        """:meth:`add` of each ``(id, raw)``, compressed together (:func:`frames.encode_many`)."""
+        """:meth:`add` of each ``(id, raw)``; a large batch is compressed in the background."""
         fresh = []
         with self._lock:
             for cid, raw in pairs:
                 if cid not in self._taken:
                     self._taken.add(cid)
                     fresh.append((cid, raw))
-        for (cid, raw), frame in zip(fresh, frames.encode_many([raw for _, raw in fresh])):
-            self._put(cid, raw, frame)
+        if len(fresh) < frames.BATCH_MIN:
+            for (cid, raw), frame in zip(fresh, frames.encode_many([raw for _, raw in fresh])):
+                self._put(cid, raw, frame)
+            return
+        # The previous batch's output is freed before this one's is made: the compressing
+        # thread's heap then holds one batch's output, not two.
+        self._put_compressed()
+        with self._lock:
+            if self._compressor is None:
+                self._compressor = ThreadPoolExecutor(1, thread_name_prefix="fabric-compress")
+            raws = [raw for _, raw in fresh]
+            self._compressing.append((fresh, self._compressor.submit(frames.compress_batch, raws, 1)))
+
+    def _put_compressed(self) -> None:
+        """Put the frames of the batches being compressed in the background, waiting for each."""
+        while True:
+            with self._lock:
+                if not self._compressing:
+                    return
+                fresh, future = self._compressing.popleft()
+            for (cid, raw), frame in zip(fresh, frames.frame_batch([raw for _, raw in fresh], future.result())):
+                self._put(cid, raw, frame)
 
     def _put(self, cid: bytes, raw: bytes | memoryview, frame: bytes) -> None:
         full = None
@@ -279,10 +309,20 @@ class PackSession:
             self._deliver(full)
 
     def close(self) -> None:
+        try:
+            self._put_compressed()
+        finally:
+            self._stop_compressor()
         with self._lock:
             last, self._builder = self._builder, packs.PackBuilder()
         if len(last):
             self._deliver(last)
+
+    def _stop_compressor(self) -> None:
+        with self._lock:
+            compressor, self._compressor = self._compressor, None
+        if compressor is not None:
+            compressor.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> PackSession:
         return self
@@ -290,3 +330,5 @@ class PackSession:
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None:
             self.close()
+        else:
+            self._stop_compressor()
