@@ -226,9 +226,16 @@ def mount_round(a: argparse.Namespace, ctx: dict, r: int) -> dict:
                     t, w = timed_phase(cmd, proxy, servers=(spoke.proc.pid, hub.proc.pid, _mount_pid(mp)))
                     st1 = spoke.stats()
                 out[ver] = {"wall": t.wall, "cpu": t.cpu, "wire": w, "cmd": shlex.join(t.cmd),
-                            "upstream_requests": st1["upstream_requests"] - st0["upstream_requests"]}
+                            "upstream_requests": st1["upstream_requests"] - st0["upstream_requests"],
+                            "top_up_bytes": _top_up_bytes(st1) - _top_up_bytes(st0)}
                 verify(dst, ctx[ver], ctx["changed"] if ver == "v2" else [])
             return out
+
+
+def _top_up_bytes(stats: dict) -> int:
+    """Bytes a spoke fetched for mounts' top-up hints (jobs ``mount-scan:*``, fuse/topups.py)."""
+    return sum(j.get("prefetch", {}).get("hint", {}).get("prefetched_bytes", 0)
+               for name, j in stats.get("jobs", {}).items() if name.startswith("mount-scan:"))
 
 
 @contextlib.contextmanager
@@ -437,6 +444,8 @@ def summarize(rounds: list[dict], listings: list[dict], manifest: dict) -> dict:
             }
             if t in ("fabric", "fabric-mount"):
                 x["upstream_requests"] = median([w["upstream_requests"] for w in rows])
+            if t == "fabric-mount":
+                x["top_up_bytes"] = median([w["top_up_bytes"] for w in rows])
             s["tools"][t][v] = x
     s["ratios"] = {}
     for mine in [t for t in tools if t.startswith("fabric")]:
@@ -518,6 +527,7 @@ def render(results: dict) -> str:
         f = s["tools"]["fabric-mount"]
         lines.append("- fabric-mount: `cp -a` (v1) and `rsync -a --delete` (v2, in place) from a read-only mount of a cold "
                      f"spoke; upstream requests v1 {f['v1']['upstream_requests']:.0f}, v2 {f['v2']['upstream_requests']:.0f}; "
+                     f"fetched for top-up hints v1 {f['v1']['top_up_bytes'] / MiB:.1f} MiB, v2 {f['v2']['top_up_bytes'] / MiB:.1f} MiB; "
                      "client CPU = cp/rsync; server CPU = spoke + hub + the mount process")
     for peer, r in s["ratios"].items():
         goal = ""

@@ -48,6 +48,8 @@ class SiblingOrder:
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_OPENS))  # positions opened last
     prefetched_to: int = -1  # the last position whose chunks were asked for
     score: float = 0.0  # how often opens continued this order lately (0 to 1)
+    forward: int = 0  # opens in a row, each further on than the one before (gaps allowed)
+    topped_to: int = -1  # the last position named in a top-up hint
 
     def __post_init__(self) -> None:
         self.index = {n: i for i, n in enumerate(self.names)}
@@ -60,6 +62,7 @@ class SiblingOrder:
         if i is None:
             return False
         continued = (i - 1) in self.recent or i <= self.prefetched_to
+        self.forward = self.forward + 1 if not self.recent or i > self.recent[-1] else 0
         self.recent.append(i)
         self.score = 0.75 * self.score + (0.25 if continued else 0.0)
         return continued

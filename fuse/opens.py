@@ -15,15 +15,8 @@ are reported per session, and a report that fails is not retried.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import queue
-import threading
-
-from fabric.errors import FabricError
 from fabric.plane.dataplane import DataPlane
-
-log = logging.getLogger("fabric.fuse")
+from fuse.advice import Advice
 
 #: Reports waiting to be sent, at most.
 QUEUED = 4096
@@ -31,33 +24,19 @@ QUEUED = 4096
 MAX_PATHS = 1_000_000
 
 
-class OpenReports:
+class OpenReports(Advice[str]):
     """Tells ``plane`` (the server, not retried) of the first open of each file of ``repo@commit``."""
 
     def __init__(self, plane: DataPlane, repo: str, commit: str) -> None:
         self._plane, self._repo, self._commit = plane, repo, commit
         self._told: set[str] = set()
-        self._queue: queue.Queue[str | None] = queue.Queue(QUEUED)
-        self._thread = threading.Thread(target=self._run, name="fuse-open-reports", daemon=True)
-        self._thread.start()
+        super().__init__(QUEUED, "fuse-open-reports")
 
     def opened(self, path: str) -> None:
         if path in self._told or len(self._told) >= MAX_PATHS:
             return
         self._told.add(path)
-        with contextlib.suppress(queue.Full):  # advice: a report that finds no room is dropped
-            self._queue.put_nowait(path)
+        self.offer(path)
 
-    def close(self) -> None:
-        try:
-            self._queue.put_nowait(None)
-        except queue.Full:
-            return  # the thread is a daemon: it ends with the process
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while (path := self._queue.get()) is not None:
-            try:
-                self._plane.stat_chunks(self._repo, self._commit, path)
-            except (FabricError, OSError) as exc:  # advice only: the read goes on without it
-                log.debug("the server was not told of the open of %s: %s", path, exc)
+    def send(self, path: str) -> None:
+        self._plane.stat_chunks(self._repo, self._commit, path)

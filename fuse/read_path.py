@@ -26,6 +26,7 @@ from fuse.namespace import Dir, SiblingOrder, join, split
 from fuse.opens import OpenReports
 from fuse.reader import Fetcher, FileReader, chunk_disk_cache
 from fuse.state import MountState
+from fuse.topups import TopUps
 
 log = logging.getLogger("fabric.fuse")
 
@@ -37,6 +38,11 @@ SIBLINGS_BYTES = 16 * 1024 * 1024
 SCAN_SCORE = 0.4
 #: Readers kept for an immutable mount (which reads by path).
 READERS = 4096
+#: Top-up hints (fuse/topups.py): after this many opens in a row, each further on in name
+#: order than the one before and continuing no order (not next to an open before it), the
+#: next :data:`TOPUP_FILES` files by name are named.
+TOPUP_AFTER = 2
+TOPUP_FILES = 256
 
 
 class ReadPath:
@@ -53,11 +59,13 @@ class ReadPath:
         self.read_bytes = 0  # asked by the kernel (what its page cache lacked)
         #: A mount of a commit reading for a job tells the server of its opens (a branch mount asks anyway).
         self.opens = OpenReports(state.plane.inner, state.repo, state.commit_id) if state.immutable and cfg.job else None
+        self.top_ups = TopUps(state.plane.inner, state.repo, state.commit_id if state.immutable else state.branch)
 
     def close(self) -> None:
         self.fetcher.close()
         if self.opens is not None:
             self.opens.close()
+        self.top_ups.close()
 
     # -- entries -----------------------------------------------------------------------
     def fresh_file(self, p: str) -> Entry:
@@ -132,6 +140,8 @@ class ReadPath:
         best = max(orders, key=lambda order: order.score)
         if best in continued and best.score >= SCAN_SCORE:
             self._ahead_in(best, best.index[name], d)
+        elif not continued and orders[0].forward >= TOPUP_AFTER:
+            self._top_up(orders[0], orders[0].index[name], parent)
 
     def _ahead_in(self, order: SiblingOrder, i: int, d: Dir) -> None:
         """Keep the chunks of the files after position ``i`` of ``order`` fetched ahead."""
@@ -151,6 +161,16 @@ class ReadPath:
         order.prefetched_to = max(order.prefetched_to, j - 1)
         if chunks:
             self.fetcher.prefetch(chunks)
+
+    def _top_up(self, order: SiblingOrder, i: int, parent: str) -> None:
+        """A reader skipping forward through ``order`` opened position ``i``: name the files
+        after it in a top-up hint, unless half of those named before are still ahead."""
+        if order.topped_to - i > TOPUP_FILES // 2:
+            return
+        end = min(len(order.names), i + 1 + TOPUP_FILES)
+        names = order.names[max(i + 1, order.topped_to + 1) : end]
+        order.topped_to = max(order.topped_to, end - 1)
+        self.top_ups.ahead([join(parent, n) for n in names])
 
     @staticmethod
     def _bytes_of(names: list[str], d: Dir) -> int:

@@ -40,7 +40,7 @@ from fabric.plane.reads import check_hint
 from fabric.util.progress import Progress
 
 from .coherence import RefTracker, StagingCache
-from .fetch import MEMORY_CACHE, READAHEAD, SERVE_WINDOW, FetchScheduler
+from .fetch import HINT, MEMORY_CACHE, READAHEAD, SERVE_WINDOW, FetchScheduler
 from .hints import Lookahead, default_window
 from .jobs import current_job
 from .learned import PREFETCH_SHARE, LearnedPrefetch
@@ -52,6 +52,7 @@ from .remember import Remembered
 from .replicas import PROMOTE_AFTER, open_replicas
 from .replication import Replication
 from .state import SpokeState
+from .topup import top_up_ids
 from .traffic import PUSH, CountingTransport, Traffic
 from .workload import WorkloadStore
 from .writeback import UPLOAD_HOLD, open_writeback
@@ -445,12 +446,17 @@ class SpokePlane(DataPlane):
 
         return resolve
 
-    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str, append: bool = False) -> dict:
+    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str, append: bool = False, top_up: bool = False) -> dict:
         """Check the hint whole (every path a file at ``ref``), then make it ``job``'s order in
-        ``repo``: chunks are fetched ahead of the job's reads (:mod:`spoke.hints`)."""
+        ``repo``: chunks are fetched ahead of the job's reads (:mod:`spoke.hints`). A top-up
+        fetches the chunks this spoke lacks of the files it holds in part (:mod:`spoke.topup`)."""
         view = self.view(repo, ref)[0]
         entries = check_hint(repo, ref, paths, job, lambda path: self.reader.stat(view, path))
-        self.lookahead.hint(job, repo, [entries[p] for p in paths], append)
+        if top_up:
+            ids, _ = top_up_ids(list(entries.values()), self.reader.chunk_lists, self.chunk_cache.__contains__, self.lookahead.window_bytes)
+            self.fetcher.prefetch(ids, HINT, job=job, kind="hint")
+        else:
+            self.lookahead.hint(job, repo, [entries[p] for p in paths], append)
         total = sum(entries[p].size for p in paths)
         return {"job": job, "paths": len(paths), "bytes": total, "window_bytes": self.lookahead.window_bytes}
 

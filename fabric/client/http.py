@@ -387,7 +387,9 @@ class HttpPlane(DataPlane):
             entries = [(e["path"], entry_from_json(e)) for e in page["entries"]]
         return Listing(entries, page["prefixes"], page["next_after"])
 
-    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str | None = None, append: bool = False) -> dict:
+    def hint(
+        self, repo: str, ref: str, paths: Sequence[str], job: str | None = None, append: bool = False, top_up: bool = False
+    ) -> dict:
         """``job`` defaults to this plane's own; a long order is sent in several calls (the later
         ones appending), each within the server's limits; the answer sums them. A call refused
         after the first leaves the calls before it in effect."""
@@ -397,7 +399,8 @@ class HttpPlane(DataPlane):
         check_job(job)
         total = {"job": job, "paths": 0, "bytes": 0, "window_bytes": 0}
         for batch in _hint_batches(paths):
-            reply = self._json("POST", f"/repos/{repo}/hints", json={"ref": ref, "paths": batch, "job": job, "append": append})
+            body = {"ref": ref, "paths": batch, "job": job, "append": append, **({"top_up": True} if top_up else {})}
+            reply = self._json("POST", f"/repos/{repo}/hints", json=body)
             append = True
             total["paths"] += reply["paths"]
             total["bytes"] += reply["bytes"]

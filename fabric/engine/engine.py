@@ -448,7 +448,7 @@ class Engine(DataPlane):
             return entry.with_(chunks=self.reader.chunk_list(entry), chunklist=None)
         return entry
 
-    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str, append: bool = False) -> dict:
+    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str, append: bool = False, top_up: bool = False) -> dict:
         """Checked only (a hub fetches nothing ahead), against one view of ``ref``."""
         view = self.resolve(repo, ref)
         entries = check_hint(repo, ref, paths, job, lambda path: self.reader.stat(view, path))

@@ -82,11 +82,16 @@ class Reads(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str, append: bool = False) -> dict:
+    def hint(self, repo: str, ref: str, paths: Sequence[str], job: str, append: bool = False, top_up: bool = False) -> dict:
         """Tell the plane the order in which ``job`` will read files of ``repo@ref``
         (duplicates: read again). ``append`` adds to the job's order for ``repo``, else
         it replaces it (a new epoch). A spoke fetches ahead of the job's reads, within
         its lookahead window; a hub only checks the hint.
+
+        ``top_up``: ``paths`` are files a reader may open next, not an order: a spoke
+        fetches only the chunks it lacks of those it holds in part (files that changed
+        since a version it served, what a sync tool reads of a tree it mostly has), at
+        most a window of them, and keeps no order (``append`` does not apply).
 
         Answers ``{"job", "paths", "bytes" (total size of the files named),
         "window_bytes" (the lookahead bound, 0 where nothing is fetched ahead)}``.

@@ -16,6 +16,7 @@ class HintRequest(BaseModel):
     paths: list[str]
     job: str | None = None
     append: bool = False
+    top_up: bool = False
 
 
 class HintResult(BaseModel):
@@ -39,6 +40,7 @@ HINT_BODY = {
                         "paths": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_HINT_PATHS},
                         "job": {"type": "string"},
                         "append": {"type": "boolean", "default": False},
+                        "top_up": {"type": "boolean", "default": False},
                     },
                     "required": ["ref", "paths"],
                 }
@@ -58,7 +60,8 @@ def add_hint_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authent
     ) -> dict:
         """The files a job will read, in order (``append``: after those hinted before; else a new
         order). A spoke fetches ahead of the job's reads; a hub only checks the hint. The job is
-        ``job`` in the body, else the ``X-Fabric-Job`` header."""
+        ``job`` in the body, else the ``X-Fabric-Job`` header. ``top_up``: files a reader may open
+        next; a spoke fetches only what it lacks of those it holds in part (no order is kept)."""
         who.require(repo, "read")
         body = await read_model(request, HintRequest, MAX_HINT_BYTES)
         job = body.job if body.job is not None else x_fabric_job
@@ -66,4 +69,4 @@ def add_hint_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authent
             raise BadRequest("a hint needs a job id: give 'job' in the body or the X-Fabric-Job header")
         check_job(job)
         check_hint_size(len(body.paths))
-        return await anyio.to_thread.run_sync(lambda: plane().hint(repo, body.ref, body.paths, job, body.append))
+        return await anyio.to_thread.run_sync(lambda: plane().hint(repo, body.ref, body.paths, job, body.append, body.top_up))
