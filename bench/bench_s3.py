@@ -11,9 +11,10 @@ the figure the S3 path should come within 1.5x of.
     python bench/bench_s3.py --quick               # smoke test
     python bench/bench_s3.py --json-out r.json --md-out r.md
 
-Targets: ``hub-s3`` (fabric hub, S3 listener), ``hub-rest`` (large objects
-only), ``moto``, and ``spoke-s3`` when ``fabric spoke`` exists (a spoke in
-front of the same hub, warmed by one full read before measuring).
+Targets: ``hub-s3`` (fabric hub, S3 listener), ``hub-rest`` (fabric's REST GET),
+``moto``, and ``spoke-s3`` and ``spoke-rest`` when ``fabric spoke`` exists (a spoke in
+front of the same hub, warmed by one full read before measuring): warm reads at a spoke
+should be at least as fast as the same reads at the hub (issue 18).
 """
 
 from __future__ import annotations
@@ -258,10 +259,11 @@ def main() -> None:
                 results["spoke"] = "no `fabric spoke` with --s3-listen in this build: not measured"
             for size, keys in (("small", list(small)), ("large", list(large))):
                 plans = {name: (url, s3_reqs(url, a, s, keys)) for name, (url, a, s) in targets.items()}
-                if size == "large":
-                    rest = [(f"/api/v1/repos/bench/refs/main/objects?path={k}", {"Authorization": f"Bearer {tok['token']}"})
-                            for k in keys]
-                    plans["hub-rest"] = (hub_url, rest)
+                rest = [(f"/api/v1/repos/bench/refs/main/objects?path={k}", {"Authorization": f"Bearer {tok['token']}"})
+                        for k in keys]
+                plans["hub-rest"] = (hub_url, rest)
+                if spoke is not None:
+                    plans["spoke-rest"] = (spoke[1], rest)
                 # Verify every target serves the right bytes before timing.
                 for name, (url, reqs) in plans.items():
                     path, hd = reqs[0]
@@ -327,6 +329,12 @@ def render(results: dict) -> str:
                 lines.append(f"- large objects, hub REST / {name}: **{ratio:.2f}x** (goal <= 1.5x)")
         if "moto" in s["large"]:
             lines.append(f"- large objects, hub-s3 / moto: {s['large']['hub-s3']['mb_per_s'] / s['large']['moto']['mb_per_s']:.1f}x")
+    for size, runs in results["runs"].items():
+        for api in ("s3", "rest"):
+            spoke, hub = runs.get(f"spoke-{api}"), runs.get(f"hub-{api}")
+            if spoke and hub:
+                ratios = ", ".join(f"{a['req_per_s'] / b['req_per_s']:.2f}x" for a, b in zip(spoke, hub))
+                lines.append(f"- warm {size} objects, spoke-{api} / hub-{api}, round by round: {ratios} (goal >= 1.0x, issue 18)")
     if "spoke" in results:
         lines.append(f"- spoke: {results['spoke']}")
     return "\n".join(lines) + "\n"

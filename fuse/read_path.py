@@ -164,13 +164,37 @@ class ReadPath:
 
     def _top_up(self, order: SiblingOrder, i: int, parent: str) -> None:
         """A reader skipping forward through ``order`` opened position ``i``: name the files
-        after it in a top-up hint, unless half of those named before are still ahead."""
+        after it in a top-up hint, unless half of those named before are still ahead. Where
+        the directory ends first, the hint goes on into the directories after it."""
         if order.topped_to - i > TOPUP_FILES // 2:
             return
         end = min(len(order.names), i + 1 + TOPUP_FILES)
-        names = order.names[max(i + 1, order.topped_to + 1) : end]
+        paths = [join(parent, n) for n in order.names[max(i + 1, order.topped_to + 1) : end]]
         order.topped_to = max(order.topped_to, end - 1)
-        self.top_ups.ahead([join(parent, n) for n in names])
+        if end == len(order.names):
+            paths += self._files_after(parent, TOPUP_FILES - (end - i - 1))
+        self.top_ups.ahead(paths)
+
+    def _files_after(self, d: str, budget: int) -> list[str]:
+        """Up to ``budget`` files, by name, of the directories that follow ``d`` in its parent and
+        are listed already: a reader going through a tree in name order (rsync, after its walk
+        listed every directory) goes on there. None past the first directory not listed."""
+        if not d or budget <= 0:
+            return []
+        up, name = split(d)
+        listing = self.state.ns.cached(up)
+        if listing is None:
+            return []
+        out: list[str] = []
+        for sibling in sorted(n for n, e in list(listing.children.items()) if e.kind == DIR and n > name):
+            path = join(up, sibling)
+            below = self.state.ns.cached(path)
+            if below is None:
+                break
+            out += (join(path, n) for n in below.order("name").names[: budget - len(out)])
+            if len(out) >= budget:
+                break
+        return out
 
     @staticmethod
     def _bytes_of(names: list[str], d: Dir) -> int:

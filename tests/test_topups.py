@@ -54,12 +54,12 @@ def edited(data: bytes, seed: int) -> bytes:
 
 
 def two_versions(hub: Hub, stem: str) -> tuple[str, dict[str, bytes], dict[str, bytes], str, str]:
-    """A repository with commit v1 (files ``d/f00..f11``) and v2 (every third file edited, ``d/new``
-    added): ``(repo, v1 files, v2 files, v1 commit, v2 commit)``."""
+    """A repository with commit v1 (files ``d/f00..f11`` and ``e/f00..f11``) and v2 (every third
+    file edited, ``d/new`` added): ``(repo, v1 files, v2 files, v1 commit, v2 commit)``."""
     repo = unique_name(stem)
     plane = hub.plane()
     plane.create_repo(repo)
-    v1 = {f"d/f{i:02d}": random_bytes(256 * KiB, 9000 + i) for i in range(12)}
+    v1 = {f"{d}/f{i:02d}": random_bytes(256 * KiB, 9000 + 20 * k + i) for k, d in enumerate("de") for i in range(12)}
     for path, data in v1.items():
         plane.put_object(repo, "main", path, io.BytesIO(data))
     c1 = plane.commit(repo, "main", "v1").id
@@ -88,7 +88,7 @@ def test_a_top_up_fetches_the_changed_chunks_of_files_held_in_part_and_nothing_e
             cid for p in read_before for cid, _ in reader.stat_chunks(repo, c1, p).chunks
         }
         new_bytes = sum(n for p in read_before for cid, n in reader.stat_chunks(repo, c2, p).chunks if cid in new_chunks)
-        assert 0 < new_bytes < 256 * KiB
+        assert 0 < new_bytes < len(read_before) * 256 * KiB
 
         def prefetched() -> int:
             return spoke.stats()["jobs"].get("sync", {}).get("prefetch", {}).get("hint", {}).get("prefetched_bytes", 0)
@@ -113,27 +113,33 @@ def test_a_hub_takes_a_top_up_and_fetches_nothing(hub: Hub) -> None:
 
 
 def new_chunk_bytes(plane: HttpPlane, repo: str, old: str, new: str, paths: list[str]) -> int:
-    """The bytes of the chunks of ``paths`` at ``new`` that the same paths at ``old`` lack."""
+    """The bytes of the chunks of ``paths`` at ``new`` that the same paths at ``old`` lack, of
+    the files that keep some chunk (a top-up's rule: a file held not at all is left alone)."""
     had = {cid for p in paths for cid, _ in plane.stat_chunks(repo, old, p).chunks}
-    fresh = {cid: n for p in paths for cid, n in plane.stat_chunks(repo, new, p).chunks if cid not in had}
+    fresh: dict[bytes, int] = {}
+    for p in paths:
+        chunks = plane.stat_chunks(repo, new, p).chunks
+        if any(cid in had for cid, _ in chunks):
+            fresh.update((cid, n) for cid, n in chunks if cid not in had)
     return sum(fresh.values())
 
 
 def test_a_reader_skipping_through_a_mount_of_the_spoke_finds_the_changed_files_topped_up(hub: Hub, tmp_path) -> None:
-    """What rsync's quick check does: open only the edited files, in name order. From the
-    second one on, the mount names the files ahead in a top-up hint and the spoke fetches
-    the new chunks of the edited files it holds in part; a new file (held not at all) is
-    left to its open."""
+    """What rsync does: walk the tree, then open only the edited files, in name order. From
+    the second one on, the mount names the files ahead, in this directory and the next, in a
+    top-up hint and the spoke fetches the new chunks of the edited files it holds in part; a
+    new file (held not at all) is left to its open."""
     from tests.fuse_helpers import mounted
 
     repo, v1, v2, c1, c2 = two_versions(hub, "topupmount")
-    edits = [p for p in sorted(v2) if p in v1 and v2[p] != v1[p]]  # d/f01, d/f04, d/f07, d/f10
+    edits = [p for p in sorted(v2) if p in v1 and v2[p] != v1[p]]  # d/f01, d/f04, ..., e/f10
     plane = hub.plane()
     with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token) as spoke:
         with mounted(spoke.url, hub.token, f"{repo}@{c1}", tmp_path / "m1") as m1:
             for path, data in v1.items():  # the spoke serves the old version whole
                 assert open(os.path.join(m1, path), "rb").read() == data
         with mounted(spoke.url, hub.token, f"{repo}@{c2}", tmp_path / "m2") as m2:
+            assert sum(len(names) for _, _, names in os.walk(m2)) == len(v2)  # rsync's walk lists every directory
             for path in edits[:2]:
                 assert open(os.path.join(m2, path), "rb").read() == v2[path]
 
@@ -143,6 +149,7 @@ def test_a_reader_skipping_through_a_mount_of_the_spoke_finds_the_changed_files_
                 return found[0]["prefetch"]["hint"] if found else {}
 
             ahead = new_chunk_bytes(plane, repo, c1, c2, edits[2:])
+            assert new_chunk_bytes(plane, repo, c1, c2, [p for p in edits[2:] if p.startswith("e/")]) > 0
             wait_for(lambda: scan().get("prefetched_bytes", 0) >= ahead, timeout=30)
             time.sleep(0.5)
             assert scan()["prefetched_bytes"] == ahead  # not d/new, nor anything unchanged
