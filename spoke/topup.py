@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 
 from fabric.format.model import Entry, stored_ids
 
-from .hints import ChunkLists
+#: The chunk lists of some files (one call may fetch the lists of many at once).
+ChunkLists = Callable[[Sequence[Entry]], Sequence[Sequence[tuple[bytes, int]]]]
 
 
 def top_up_ids(entries: Sequence[Entry], chunk_lists: ChunkLists, held: Callable[[bytes], bool], limit: int) -> tuple[list[bytes], int]:
