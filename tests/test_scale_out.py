@@ -212,7 +212,12 @@ def test_two_hubs_three_spokes_one_group(shared: Shared, tmp_path) -> None:
     with shared.start_hub("group-a") as a, contextlib.ExitStack() as stack:
         members: list[Member] = []
         for i in range(3):
-            wans = [stack.enter_context(WanProxy("127.0.0.1", _port(h.url), rate_mbit=200, handshake=False)) for h in (a, shared.b)]
+            # Hub B is the farther one (30 ms more round trip): a cold hub A's first probe, slowed by
+            # three spokes starting on two CPUs, must not make B the nearest for the whole test.
+            wans = [
+                stack.enter_context(WanProxy("127.0.0.1", _port(h.url), delay_ms_up=delay, delay_ms_down=delay, rate_mbit=200, handshake=False))
+                for h, delay in ((a, 0), (shared.b, 15))
+            ]
             spoke = stack.enter_context(start_spoke(
                 ",".join(w.url_for() for w in wans), tmp_path / f"spoke{i}", "256MiB", token=spoke_token, group=group,
                 args=["--log-level", "warning"],
