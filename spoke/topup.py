@@ -22,8 +22,7 @@ from collections.abc import Callable, Sequence
 
 from fabric.format.model import Entry, stored_ids
 
-#: The chunk lists of some files (one call may fetch the lists of many at once).
-ChunkLists = Callable[[Sequence[Entry]], Sequence[Sequence[tuple[bytes, int]]]]
+from .hints import ChunkLists
 
 
 def top_up_ids(entries: Sequence[Entry], chunk_lists: ChunkLists, held: Callable[[bytes], bool], limit: int) -> tuple[list[bytes], int]:
@@ -35,9 +34,9 @@ def top_up_ids(entries: Sequence[Entry], chunk_lists: ChunkLists, held: Callable
     total = 0
     for chunks in chunk_lists(entries):
         sizes = dict(chunks)
-        ids = stored_ids(chunks)
-        lacking = [cid for cid in dict.fromkeys(ids) if not held(cid)]
-        if not lacking or len(lacking) == len(set(ids)):
+        distinct = dict.fromkeys(stored_ids(chunks))
+        lacking = [cid for cid in distinct if not held(cid)]
+        if not lacking or len(lacking) == len(distinct):
             continue  # held whole, or not at all
         for cid in lacking:
             if cid in taken:

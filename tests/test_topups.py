@@ -84,10 +84,7 @@ def test_a_top_up_fetches_the_changed_chunks_of_files_held_in_part_and_nothing_e
         answer = HttpPlane(spoke.url, hub.token).hint(repo, c2, sorted(v2), "sync", top_up=True)
         assert answer["paths"] == len(v2) and answer["window_bytes"] > 0
         read_before = [p for p in changed if p < "d/f09"]
-        new_chunks = {cid for p in read_before for cid, _ in reader.stat_chunks(repo, c2, p).chunks} - {
-            cid for p in read_before for cid, _ in reader.stat_chunks(repo, c1, p).chunks
-        }
-        new_bytes = sum(n for p in read_before for cid, n in reader.stat_chunks(repo, c2, p).chunks if cid in new_chunks)
+        new_bytes = new_chunk_bytes(reader, repo, c1, c2, read_before)
         assert 0 < new_bytes < len(read_before) * 256 * KiB
 
         def prefetched() -> int:
@@ -158,7 +155,7 @@ def test_a_reader_skipping_through_a_mount_of_the_spoke_finds_the_changed_files_
             assert scan()["used_bytes"] == ahead
 
 
-def test_opens_that_follow_each_other_or_go_back_send_no_top_up() -> None:
+def test_the_forward_count_grows_with_each_open_further_on_and_restarts_going_back() -> None:
     """The sibling order's count of forward opens: a scan with gaps counts up, going back
     starts again (a random reader seldom reaches two in a row for long)."""
     from fuse.namespace import SiblingOrder

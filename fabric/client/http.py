@@ -399,7 +399,7 @@ class HttpPlane(DataPlane):
         check_job(job)
         total = {"job": job, "paths": 0, "bytes": 0, "window_bytes": 0}
         for batch in _hint_batches(paths):
-            body = {"ref": ref, "paths": batch, "job": job, "append": append, **({"top_up": True} if top_up else {})}
+            body = {"ref": ref, "paths": batch, "job": job, "append": append, "top_up": top_up}
             reply = self._json("POST", f"/repos/{repo}/hints", json=body)
             append = True
             total["paths"] += reply["paths"]

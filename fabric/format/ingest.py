@@ -248,7 +248,8 @@ class PackSession:
         self._taken: set[bytes] = set()
         self._lock = threading.Lock()
         self._compressor: ThreadPoolExecutor | None = None
-        self._compressing: deque[tuple[list[tuple[bytes, bytes | memoryview]], Future[Any]]] = deque()
+        #: Batches compressing in the background: their ``(id, raw)`` pairs, raws, and compression.
+        self._compressing: deque[tuple[list[tuple[bytes, bytes | memoryview]], list[bytes | memoryview], Future[Any]]] = deque()
         self.new_chunks = 0
         self.new_bytes = 0
         self.stored_bytes = 0
@@ -284,7 +285,7 @@ class PackSession:
             if self._compressor is None:
                 self._compressor = ThreadPoolExecutor(1, thread_name_prefix="fabric-compress")
             raws = [raw for _, raw in fresh]
-            self._compressing.append((fresh, self._compressor.submit(frames.compress_batch, raws, 1)))
+            self._compressing.append((fresh, raws, self._compressor.submit(frames.compress_batch, raws, 1)))
 
     def _put_compressed(self) -> None:
         """Put the frames of the batches being compressed in the background, waiting for each."""
@@ -292,8 +293,8 @@ class PackSession:
             with self._lock:
                 if not self._compressing:
                     return
-                fresh, future = self._compressing.popleft()
-            for (cid, raw), frame in zip(fresh, frames.frame_batch([raw for _, raw in fresh], future.result())):
+                fresh, raws, future = self._compressing.popleft()
+            for (cid, raw), frame in zip(fresh, frames.frame_batch(raws, future.result())):
                 self._put(cid, raw, frame)
 
     def _put(self, cid: bytes, raw: bytes | memoryview, frame: bytes) -> None:

@@ -5,8 +5,8 @@ which ``free`` gives back to the system at once; below it, from a heap, whose fr
 space a process keeps. The threshold starts at 128 KiB but rises to the size of every
 mapped buffer freed (up to 32 MiB), so a process that makes and frees many buffers of a
 few MiB (packs, a batch's compressed frames) soon serves them from its heaps, one heap
-per thread that made them, and keeps them all at their peak: about 40 MiB of an
-import of 100,000 small files (bench/RESULTS.md).
+per thread that made them, and keeps them all at their peak: 20 MiB of an import of
+100,000 small files, 37 MiB once a second thread compresses (bench/RESULTS.md).
 """
 
 from __future__ import annotations
