@@ -280,3 +280,22 @@ def test_flipped_kind_byte_of_metadata_object(seeded) -> None:
     r = cli("--json", "fsck", check=False)
     assert r.returncode == 6
     assert any(oid in p for p in r.json()["problems"])
+
+
+def test_a_damaged_small_file_over_rest_answers_an_error_not_a_cut_off_download(seeded) -> None:
+    """A download up to 1 MiB is read whole before its status is sent: a damaged chunk makes it
+    a 500 naming the chunk, where a streamed body would have sent 200 and then cut off."""
+    import httpx
+
+    from tests.hubserver import start_hub
+
+    cli, contents = seeded
+    cid, loc, _ = locate(cli.data, "dir/other.bin")
+    flip(pack_path(cli.data, loc.pack), loc.offset + HEADER_LEN + 10)
+    with start_hub(cli.data, no_auth=True) as hub:
+        url = hub.url + "/api/v1/repos/demo/refs/main/objects"
+        r = httpx.get(url, params={"path": "dir/other.bin"}, timeout=60)
+        assert r.status_code == 500, (r.status_code, len(r.content))
+        assert r.json()["error"]["code"] == "corruption" and cid.hex() in r.json()["error"]["message"]
+        good = httpx.get(url, params={"path": "small.txt"}, timeout=60)
+        assert good.status_code == 200 and good.content == contents["small.txt"]
