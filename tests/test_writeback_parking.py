@@ -81,7 +81,8 @@ def test_deleted_branch_is_parked_while_other_branches_land_then_retried_or_drop
     with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token, lease=LEASE) as spoke:
         with spoke.client(timeout=30) as c:
             for r, ref in ((repo, "doomed"), (repo, "gone"), (repo, "main"), (other, "main")):  # the spoke learns them
-                assert c.get(f"/api/v1/repos/{r}/refs/{ref}/list").status_code == 200
+                listed = c.get(f"/api/v1/repos/{r}/refs/{ref}/list")
+                assert listed.status_code == 200, f"{r}@{ref}: {listed.text}"
             hub.stop()
             # Queued while the hub is away: the oldest writes go to branches deleted meanwhile.
             put(c, repo, "doomed", "a.bin", data["a"])

@@ -19,9 +19,9 @@ from fabric.api.routing import Authenticator, Durability, PlaneGetter, buffered_
 from fabric.auth.principal import Principal
 from fabric.errors import BadRequest, Corruption, Forbidden, PayloadTooLarge
 from fabric.plane.wire import MSGPACK, hex_ids
+from fabric.util.pieces import in_pieces
 
 MAX_PACK_BYTES = 256 * 1024 * 1024
-FRAMES_PIECE = 1024 * 1024
 #: Chunk ids in one ``/chunks/missing`` or ``/chunks/frames`` request (clients send batches).
 MAX_IDS = 10_000
 #: The largest JSON body of chunk ids: refused (413) before it is parsed. 10,000 ids of 64
@@ -168,20 +168,12 @@ def add_exchange_routes(router: APIRouter, plane: PlaneGetter, authenticate: Aut
         def records() -> Iterator[bytes]:
             if first is None:
                 return
-            # Records go out in pieces of about 1 MiB: one thread hop and one write per
-            # piece, not per 64 KiB chunk (that alone bounded a stream to ~100 MB/s).
-            pending: list[bytes] = []
-            size = 0
             for cid, frame in itertools.chain([first], stream):
-                pending += (cid, struct.pack("<I", len(frame)), frame)
-                size += 36 + len(frame)
-                if size >= FRAMES_PIECE:
-                    yield b"".join(pending)
-                    pending, size = [], 0
-            if pending:
-                yield b"".join(pending)
+                yield cid
+                yield struct.pack("<I", len(frame))
+                yield frame
 
-        return StreamingResponse(records(), media_type="application/octet-stream")
+        return StreamingResponse(in_pieces(records()), media_type="application/octet-stream")
 
     @router.post("/repos/{repo}/chunks/share", status_code=204, tags=["chunks"])
     def share(repo: str, body: ShareChunks, who: Caller) -> Response:

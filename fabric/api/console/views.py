@@ -31,6 +31,7 @@ from fabric.auth.principal import ANONYMOUS_ADMIN, Principal
 from fabric.errors import BadRequest, FabricError, Forbidden, NotFound, Unauthorized
 from fabric.format.model import FILE
 from fabric.plane.dataplane import DataPlane
+from fabric.util.pieces import in_pieces
 
 PREFIX = "/ui"
 #: Rows of a directory listing or a diff per page.
@@ -506,7 +507,7 @@ def add_console(app: FastAPI, console: Console) -> None:
             headers["Content-Disposition"] = _download_name(path)
         else:
             headers["Content-Disposition"] = "inline"
-        body = p.open_file(repo, commit_id, path, entry) if entry.size else iter([b""])
+        body = in_pieces(p.open_file(repo, commit_id, path, entry)) if entry.size else iter([b""])
         return StreamingResponse(body, media_type=kind or "application/octet-stream", headers=headers)
 
     # -- the service ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from fabric.format.model import Entry
 from fabric.format.paths import is_full_commit_id
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.wire import MSGPACK, STAGE_SINCE_HEADER, STAGING_SEQ_HEADER, entry_json
+from fabric.util.pieces import in_pieces
 
 #: A conditional stage (a replay): ``SEQ HEAD``, the branch's staging seq and head when first tried.
 STAGE_SINCE_DOC = "Conditional stage: 'SEQ HEAD' (staging seq and head commit when the write was first tried)."
@@ -173,7 +174,7 @@ def add_object_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authe
         if length <= SMALL_OBJECT:  # read whole in this worker thread: no thread hop per chunk
             data = b"".join(p.open_file(repo, ref, path, entry, offset, length)) if length else b""
             return Response(data, status_code=status, headers=headers, media_type="application/octet-stream")
-        body = p.open_file(repo, ref, path, entry, offset, length)
+        body = in_pieces(p.open_file(repo, ref, path, entry, offset, length))  # a thread hop per MiB, not per chunk
         return StreamingResponse(body, status_code=status, headers=headers, media_type="application/octet-stream")
 
     @router.put(

@@ -23,13 +23,13 @@ from fabric.api.s3 import sigv4
 from fabric.api.s3 import xml as X
 from fabric.api.s3.errors import S3Error, from_fabric
 from fabric.errors import FabricError
+from fabric.util.pieces import in_pieces
 
 log = logging.getLogger("fabric.s3")
 access_log = logging.getLogger("fabric.s3.access")
 
 #: An unread request body up to this size is read and dropped after an early answer; larger ones close the connection.
 DRAIN_LIMIT = 8 << 20
-STREAM_PIECE = 1 << 20
 
 
 @dataclass
@@ -238,11 +238,12 @@ class AsgiTransport:
             await send({"type": "http.response.body", "body": bytes(body)})
             return len(body)
         sent = 0
+        pieces = in_pieces(body)  # one thread hop per MiB, not per chunk
         loop = asyncio.get_running_loop()
         gone = asyncio.ensure_future(request_body.wait_disconnect()) if request_body is not None else None
         try:
             while gone is None or not gone.done():
-                piece = await loop.run_in_executor(self.pool, _next_batch, body)
+                piece = await loop.run_in_executor(self.pool, next, pieces, b"")
                 if not piece:
                     break
                 sent += len(piece)
@@ -251,9 +252,7 @@ class AsgiTransport:
         finally:
             if gone is not None:
                 gone.cancel()
-            close = getattr(body, "close", None)
-            if close:
-                await loop.run_in_executor(self.pool, close)
+            await loop.run_in_executor(self.pool, pieces.close)  # closes the body too
         return sent
 
     def _service(self, path: str) -> Response:
@@ -278,17 +277,3 @@ def _header_value(value: object) -> bytes:
     """A response header value as bytes: a line break or NUL (from ``response-*`` overrides or
     metadata) cannot be sent in a header and becomes a space."""
     return _UNSENDABLE.sub(" ", str(value)).strip().encode("latin-1", "replace")
-
-
-def _next_batch(it: Iterator[bytes]) -> bytes:
-    """Up to ~STREAM_PIECE bytes from a piece iterator (b'' at the end)."""
-    parts = []
-    size = 0
-    for piece in it:
-        parts.append(piece)
-        size += len(piece)
-        if size >= STREAM_PIECE:
-            break
-    if len(parts) == 1:
-        return bytes(parts[0])
-    return b"".join(parts)
