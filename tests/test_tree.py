@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fabric.engine.metastore import METARANGE, RANGE, MetaStore
-from fabric.engine.tree import RANGE_MAX, Trees, is_boundary
+from fabric.engine.tree import METARANGES_KEPT, RANGE_MAX, Trees, is_boundary
 from fabric.format.model import DIR, SYMLINK, Entry
 from fabric.store import LocalStore
 
@@ -317,6 +317,7 @@ def test_ten_changes_in_100k_share_all_but_a_handful_of_ranges(store: LocalStore
 
     counting.reset()
     counting._cache.clear()
+    trees = Trees(counting)  # nor any tree's list of ranges parsed yet
     diff = list(trees.diff(old, new))
     assert [p for p, _, _ in diff] == sorted(changes)
     for path, before, after in diff:
@@ -366,3 +367,26 @@ def test_corrupt_range_object_is_detected(store: LocalStore, trees: Trees) -> No
     fresh = Trees(MetaStore(store))
     with pytest.raises(Corruption):
         list(fresh.iter(tid))
+
+
+def test_a_trees_list_of_ranges_is_parsed_once_for_many_lookups(store: LocalStore) -> None:
+    """Looking paths up reads a tree's metarange once, not once per path, and keeps at most
+    METARANGES_KEPT trees parsed: the oldest is read again after that many others."""
+    counting = CountingMetaStore(store)
+    trees = Trees(counting)
+    items = {f"d/{i:05d}": ent(i) for i in range(3000)}
+    tree_id = build(trees, items)
+    counting.reset()
+    assert len(trees.ranges(tree_id)) > 1
+    for path in list(items)[::10]:
+        assert trees.get(tree_id, path) == items[path]
+    assert trees.get(tree_id, "d/zzz") is None and trees.get(tree_id, "a") is None
+    assert dict(trees.iter(tree_id)) == items
+    assert counting.gets[METARANGE] == 1
+
+    others = [build(trees, {f"o/{k}": ent(k)}) for k in range(METARANGES_KEPT)]
+    for other in others:
+        trees.get(other, "o/0")
+    counting.reset()
+    assert trees.get(tree_id, "d/00007") == items["d/00007"]
+    assert counting.gets[METARANGE] == 1  # pushed out by the others: read again
