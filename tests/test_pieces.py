@@ -19,33 +19,3 @@ def test_a_part_larger_than_the_size_is_one_piece_and_views_become_bytes() -> No
     assert pieces == [b"ab" + b"x" * 100, b"cd"]
     assert list(in_pieces([memoryview(b"abc")], size=10)) == [b"abc"]
     assert list(in_pieces([], size=10)) == []
-
-
-class Parts:
-    """An iterator of byte strings that records being closed, as a plane's file reader does."""
-
-    def __init__(self, parts: list[bytes]) -> None:
-        self._it = iter(parts)
-        self.closed = False
-
-    def __iter__(self) -> Parts:
-        return self
-
-    def __next__(self) -> bytes:
-        return next(self._it)
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def test_closing_closes_the_parts_before_or_after_the_first_piece() -> None:
-    untouched = Parts([b"a" * 10, b"b" * 10])
-    in_pieces(untouched, size=5).close()
-    assert untouched.closed
-
-    started = Parts([b"a" * 10, b"b" * 10])
-    pieces = in_pieces(started, size=5)
-    assert next(pieces) == b"a" * 10
-    pieces.close()
-    assert started.closed
-    in_pieces([b"no close method"]).close()  # a plain list has nothing to close

@@ -36,8 +36,6 @@ RANGE_WRITERS = 8
 #: not a list of ~200 ranges built again: 100,000 files; about 25 KB each, measured).
 METARANGES_KEPT = 64
 
-EMPTY_TREE_RANGES: list = []
-
 
 def is_boundary(path: str) -> bool:
     return xxhash.xxh3_64_intdigest(path.encode("utf-8", "surrogatepass")) & _MASK == 0

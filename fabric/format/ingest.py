@@ -248,8 +248,8 @@ class PackSession:
         self._taken: set[bytes] = set()
         self._lock = threading.Lock()
         self._compressor: ThreadPoolExecutor | None = None
-        #: Batches compressing in the background: their ``(id, raw)`` pairs, raws, and compression.
-        self._compressing: deque[tuple[list[tuple[bytes, bytes | memoryview]], list[bytes | memoryview], Future[Any]]] = deque()
+        #: Batches compressing in the background: their ids, raw chunks and compression.
+        self._compressing: deque[tuple[list[bytes], list[bytes | memoryview], Future[Any]]] = deque()
         self.new_chunks = 0
         self.new_bytes = 0
         self.stored_bytes = 0
@@ -268,14 +268,16 @@ class PackSession:
 
     def add_many(self, pairs: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
         """:meth:`add` of each ``(id, raw)``; a large batch is compressed in the background."""
-        fresh = []
+        ids: list[bytes] = []
+        raws: list[bytes | memoryview] = []
         with self._lock:
             for cid, raw in pairs:
                 if cid not in self._taken:
                     self._taken.add(cid)
-                    fresh.append((cid, raw))
-        if len(fresh) < frames.BATCH_MIN:
-            for (cid, raw), frame in zip(fresh, frames.encode_many([raw for _, raw in fresh])):
+                    ids.append(cid)
+                    raws.append(raw)
+        if len(ids) < frames.BATCH_MIN:
+            for cid, raw, frame in zip(ids, raws, frames.encode_many(raws)):
                 self._put(cid, raw, frame)
             return
         # The previous batch's output is freed before this one's is made: the compressing
@@ -284,8 +286,7 @@ class PackSession:
         with self._lock:
             if self._compressor is None:
                 self._compressor = ThreadPoolExecutor(1, thread_name_prefix="fabric-compress")
-            raws = [raw for _, raw in fresh]
-            self._compressing.append((fresh, raws, self._compressor.submit(frames.compress_batch, raws, 1)))
+            self._compressing.append((ids, raws, self._compressor.submit(frames.compress_batch, raws, 1)))
 
     def _put_compressed(self) -> None:
         """Put the frames of the batches being compressed in the background, waiting for each."""
@@ -293,8 +294,8 @@ class PackSession:
             with self._lock:
                 if not self._compressing:
                     return
-                fresh, raws, future = self._compressing.popleft()
-            for (cid, raw), frame in zip(fresh, frames.frame_batch(raws, future.result())):
+                ids, raws, future = self._compressing.popleft()
+            for cid, raw, frame in zip(ids, raws, frames.frame_batch(raws, future.result())):
                 self._put(cid, raw, frame)
 
     def _put(self, cid: bytes, raw: bytes | memoryview, frame: bytes) -> None:

@@ -18,7 +18,7 @@ from fabric.format.model import Entry
 from fabric.format.paths import is_full_commit_id
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.wire import MSGPACK, STAGE_SINCE_HEADER, STAGING_SEQ_HEADER, entry_json
-from fabric.util.pieces import in_pieces
+from fabric.util.pieces import READ_WHOLE_MAX, in_pieces
 
 #: A conditional stage (a replay): ``SEQ HEAD``, the branch's staging seq and head when first tried.
 STAGE_SINCE_DOC = "Conditional stage: 'SEQ HEAD' (staging seq and head commit when the write was first tried)."
@@ -75,11 +75,6 @@ def _requested_range(header: str, size: int) -> tuple[int, int]:
 
 #: How often a GET looks again when the branch moved while it looked the file up.
 SNAPSHOT_ATTEMPTS = 20
-#: Downloads up to this size are read whole in the route's worker thread and sent in one piece:
-#: a streamed body costs a thread hop per chunk (100 KiB objects from a warm spoke: 679 req/s
-#: streamed, 917 whole, bench/RESULTS.md), and a read that fails answers with an error status,
-#: not a cut-off 200.
-SMALL_OBJECT = 1 << 20
 
 
 def _entry_at_one_commit(p: DataPlane, repo: str, ref: str, path: str) -> tuple[str, Entry]:
@@ -171,7 +166,7 @@ def add_object_routes(router: APIRouter, plane: PlaneGetter, authenticate: Authe
         headers["Content-Length"] = str(length)
         if request.method == "HEAD":
             return Response(status_code=status, headers=headers)
-        if length <= SMALL_OBJECT:  # read whole in this worker thread: no thread hop per chunk
+        if length <= READ_WHOLE_MAX:  # read whole in this worker thread
             data = b"".join(p.open_file(repo, ref, path, entry, offset, length)) if length else b""
             return Response(data, status_code=status, headers=headers, media_type="application/octet-stream")
         body = in_pieces(p.open_file(repo, ref, path, entry, offset, length))  # a thread hop per MiB, not per chunk

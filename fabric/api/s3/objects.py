@@ -28,9 +28,8 @@ from fabric.errors import FabricError, NotFound, RangeNotSatisfiable
 from fabric.format.ingest import file_entry, ingest_stream
 from fabric.format.model import DIR, FILE, Entry, stored_ids
 from fabric.plane.dataplane import DataPlane
+from fabric.util.pieces import READ_WHOLE_MAX
 
-#: Objects up to this size are read whole in one worker-thread hop; larger ones stream.
-SMALL_OBJECT = 1 << 20
 MAX_META_BYTES = 2048
 #: Standard headers kept with an object (stored in its metadata under ``s3:NAME``).
 STORED_HEADERS = ("content-type", "content-encoding", "content-disposition", "content-language", "cache-control", "expires")
@@ -199,7 +198,7 @@ class ObjectHandlers:
                 headers[hname] = ctx.q[qname]
         if head or length == 0:
             return Response(status, headers, b"")
-        if length <= SMALL_OBJECT:
+        if length <= READ_WHOLE_MAX:
             data = b"".join(self.plane.open_file(b.repo, ref, path, e, offset, length))
             return Response(status, headers, data)
         headers.pop("Content-Length")

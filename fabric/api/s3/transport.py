@@ -252,7 +252,9 @@ class AsgiTransport:
         finally:
             if gone is not None:
                 gone.cancel()
-            await loop.run_in_executor(self.pool, pieces.close)  # closes the body too
+            close = getattr(body, "close", None)
+            if close:
+                await loop.run_in_executor(self.pool, close)
         return sent
 
     def _service(self, path: str) -> Response:
