@@ -260,6 +260,7 @@ class FetchScheduler:
 
     # -- internals -----------------------------------------------------------
     def _demanding(self, job: str | None, ids: Sequence[bytes]) -> None:
+        self.prefetch_stats.reading(ids)
         if job is not None:
             for listener in self._listeners:
                 listener(job, ids)

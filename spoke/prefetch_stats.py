@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .jobs import KINDS, JobRecord, JobTable, PrefetchCounters
 
@@ -43,8 +43,11 @@ class PrefetchStats:
         self._outstanding: OrderedDict[bytes, tuple[str, str, int, bool]] = OrderedDict()
         self.totals = {k: PrefetchCounters() for k in KINDS}
         #: The most bytes ever outstanding at once, per (job, kind): what a lookahead held ahead.
+        #: A chunk a demand read has asked for is no longer ahead, though its bytes are counted
+        #: as used only once they are sent (:meth:`reading`).
         self._ahead: dict[tuple[str, str], int] = {}
         self.ahead_max: dict[tuple[str, str], int] = {}
+        self._being_read: set[bytes] = set()  # outstanding chunks already taken out of ``_ahead``
 
     def fetched(self, cid: bytes, nbytes: int, job: str | None, kind: str, held: bool = False) -> None:
         """A worker fetched ``cid`` because ``job`` asked for it ahead of need (``held``:
@@ -63,15 +66,34 @@ class PrefetchStats:
         if full:
             self.sweep(force=True)
 
+    def reading(self, ids: Iterable[bytes]) -> None:
+        """A demand read asks for ``ids``: those outstanding are no longer held ahead of it
+        (a lookahead moves on as soon as a read is asked, before its bytes are sent)."""
+        with self._lock:
+            for cid in ids:
+                tag = self._outstanding.get(cid)
+                if tag is not None and cid not in self._being_read:
+                    self._being_read.add(cid)
+                    self._ahead[(tag[0], tag[1])] -= tag[2]
+
+    def _settle(self, cid: bytes) -> tuple[str, str, int, bool] | None:
+        """Under the lock: ``cid`` leaves the outstanding set; its tag, None if it was not in it."""
+        tag = self._outstanding.pop(cid, None)
+        if tag is not None:
+            if cid in self._being_read:
+                self._being_read.discard(cid)
+            else:
+                self._ahead[(tag[0], tag[1])] -= tag[2]
+        return tag
+
     def demanded(self, cid: bytes, nbytes: int, job: str | None, hit: bool) -> None:
         """A demand read took ``cid`` (``hit``: from the cache, without waiting on the hub)."""
         with self._lock:
-            tag = self._outstanding.pop(cid, None)
+            tag = self._settle(cid)
             if tag is None:
                 return
             pjob, kind, size, held = tag
             hit = hit or held
-            self._ahead[(pjob, kind)] -= size
             self.totals[kind].used += nbytes
             if hit:
                 self.totals[kind].covered += nbytes
@@ -107,10 +129,9 @@ class PrefetchStats:
         wasted: list[tuple[str, str, int]] = []
         with self._lock:
             for cid in dict.fromkeys(ids):
-                tag = self._outstanding.pop(cid, None)
+                tag = self._settle(cid)
                 if tag is not None:
                     job, kind, size, _ = tag
-                    self._ahead[(job, kind)] -= size
                     self.totals[kind].wasted += size
                     wasted.append((job, kind, size))
         for job, kind, size in wasted:

@@ -168,3 +168,30 @@ def test_a_mount_run_with_fabric_job_is_accounted_to_that_job(hub: Hub, spoke: S
     # `fabric stats` prints the job's figures as an indented section, one per line.
     text = fabric("--server", spoke.url, "stats", token=hub.token).stdout.splitlines()
     assert "  mount-job:" in text and f"    demand_bytes: {job['demand_bytes']}" in text
+
+
+def test_a_chunk_a_read_asks_for_is_no_longer_counted_ahead_and_its_bytes_once() -> None:
+    """The lookahead moves on when a read is asked (the fetch scheduler's listeners), before
+    its bytes are sent: from then on the chunk is not held ahead, and its later use or waste
+    takes nothing off a second time."""
+    from spoke.jobs import JobTable
+    from spoke.prefetch_stats import PrefetchStats
+
+    cached = {b"a", b"b", b"c", b"d"}
+    stats = PrefetchStats(JobTable(), cached.__contains__)
+    for cid in (b"a", b"b", b"c"):
+        stats.fetched(cid, 100, "job", "hint")
+    assert stats._ahead[("job", "hint")] == 300
+    stats.reading([b"a", b"b", b"x"])  # x: never prefetched
+    assert stats._ahead[("job", "hint")] == 100
+    stats.fetched(b"d", 100, "job", "hint")
+    assert stats.snapshot()["ahead_max_bytes"]["job"]["hint"] == 300  # a and b were no longer ahead of d
+    stats.demanded(b"a", 100, "job", True)
+    cached.discard(b"b")
+    stats.sweep()  # b, evicted unread after its read was asked: wasted, not taken off again
+    assert stats._ahead[("job", "hint")] == 200
+    stats.demanded(b"c", 100, "job", True)
+    stats.demanded(b"d", 100, "job", True)
+    assert stats._ahead[("job", "hint")] == 0
+    totals = stats.snapshot()["totals"]["hint"]
+    assert (totals["used_bytes"], totals["wasted_bytes"]) == (300, 100)
