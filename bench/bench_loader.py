@@ -73,7 +73,11 @@ their order rotating round by round:
   (run with the S3 tools venv ``make test`` builds, ``--s3tools``, with this
   venv's torch appended to its path: s3fs pins a botocore older than fabric's);
 - ``s3torchconnector``: its ``S3MapDataset.from_objects`` against the hub's S3
-  API (custom endpoint, path-style addressing).
+  API (custom endpoint, path-style addressing);
+- ``local-disk``: the folder dataset on the local directory the hub imported, no
+  WAN: what the same DataLoader, sampler and consumer get with the data already
+  next to them (load-point epochs only). An epoch's first batch here is the
+  loader's own start-up cost.
 
 A spoke (with a fresh cache) and the mounts are started for each reader's
 session and stopped after it; for fabric-hints the spoke's per-job stats
@@ -129,7 +133,7 @@ SMALL_SIZE = 110 * KiB
 AU_TARGET = 0.9
 #: The trainer's exit status when a reader returned bytes that are not the dataset's.
 WRONG_DATA_EXIT = 3
-READERS = ("fabric-hints", "fabric-mount", "fabric-learned", "rclone", "s3fs", "s3torchconnector")
+READERS = ("fabric-hints", "fabric-mount", "fabric-learned", "rclone", "s3fs", "s3torchconnector", "local-disk")
 PEERS = ("rclone", "s3fs", "s3torchconnector")
 CACHING = ("fabric-hints", "fabric-mount", "rclone")
 #: rclone mount as a user would set it up to train from S3: a full VFS cache (files kept on
@@ -634,8 +638,22 @@ class S3Torch(Reader):
                 "s3client_config=S3ClientConfig(force_path_style=True))")
 
 
+class LocalDisk(Reader):
+    """The bound: the same DataLoader over the local directory the hub imported, no WAN, the
+    page cache as it is (the files were just generated or read, so mostly warm)."""
+
+    name = "local-disk"
+    capacity = False
+
+    def start(self) -> dict:
+        return {"reader": "folder", "root": self.wl.tree}
+
+    def describe(self) -> str:
+        return "open()/read() per file on the local directory the hub imported (no WAN; the page cache as it is)"
+
+
 READER_CLASSES = {"fabric-hints": FabricHints, "fabric-mount": FabricMount, "fabric-learned": FabricLearned,
-                  "rclone": Rclone, "s3fs": S3fs, "s3torchconnector": S3Torch}
+                  "rclone": Rclone, "s3fs": S3fs, "s3torchconnector": S3Torch, "local-disk": LocalDisk}
 
 
 def link_bytes(wan) -> int:
