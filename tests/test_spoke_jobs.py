@@ -1,6 +1,7 @@
 """Job ids (``X-Fabric-Job``) and per-job accounting at a spoke; the fetch scheduler's
 order between demand reads and prefetches. Real hub and spoke processes on loopback;
-the scheduler test drives a real FetchScheduler and DiskCache with a gated fetch."""
+the scheduler test drives a real FetchScheduler and DiskCache with a gated fetch, and the
+"held ahead" test a real PrefetchStats."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from fabric.format import frames
 from fabric.format.chunking import chunk_id
 from fabric.plane.jobs import JOB_ENV, JOB_HEADER
 from spoke.fetch import DEMAND_PRIORITY, HINT, FetchScheduler
+from spoke.jobs import JobTable
+from spoke.prefetch_stats import PrefetchStats
 from spoke.traffic import Traffic
 from tests.fuse_helpers import fabric, mounted, needs_fuse
 from tests.hubserver import Hub, metric_value, unique_name
@@ -174,9 +177,6 @@ def test_a_chunk_a_read_asks_for_is_no_longer_counted_ahead_and_its_bytes_once()
     """The lookahead moves on when a read is asked (the fetch scheduler's listeners), before
     its bytes are sent: from then on the chunk is not held ahead, and its later use or waste
     takes nothing off a second time."""
-    from spoke.jobs import JobTable
-    from spoke.prefetch_stats import PrefetchStats
-
     cached = {b"a", b"b", b"c", b"d"}
     stats = PrefetchStats(JobTable(), cached.__contains__)
     for cid in (b"a", b"b", b"c"):
