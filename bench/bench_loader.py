@@ -640,7 +640,7 @@ class S3Torch(Reader):
 
 class LocalDisk(Reader):
     """The bound: the same DataLoader over the local directory the hub imported, no WAN, the
-    page cache as it is (the files were just generated or read, so mostly warm)."""
+    page cache as it is (not dropped)."""
 
     name = "local-disk"
     capacity = False

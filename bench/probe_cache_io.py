@@ -13,8 +13,8 @@ read, and reports MB/s and CPU seconds per GiB of this process (user + system):
 - ``packs``: the same chunks appended to files of ``--pack-mib`` MiB, read with
   ``O_DIRECT`` in pieces of 64 KiB (one read per chunk) and of 1 MiB (runs of
   neighbouring chunks in one read);
-- ``one file``: the bytes as one plain file read with ``cat``-like 1 MiB reads through
-  the page cache (the local disk's figure in bench_fuse.py and bench_checkpoint.py).
+- ``one file``: the bytes as one plain file read in 1 MiB pieces through the page cache,
+  as bench_fuse.py reads the local directory.
 
 No fabric server runs: this measures only the disk layer under the read path.
 
@@ -53,6 +53,7 @@ class Layouts:
         self.ids: list[bytes] = []
         self.packs: list[str] = []
         per_pack = pack_mib * MIB // CHUNK
+        pack = None
         with open(os.path.join(work, "one-file"), "wb") as whole:
             for i in range(mib * MIB // CHUNK):
                 data = os.urandom(CHUNK)
@@ -62,10 +63,13 @@ class Layouts:
                     raise SystemExit(f"the cache directory did not keep chunk {i}")
                 whole.write(data)
                 if i % per_pack == 0:
+                    if pack is not None:
+                        pack.close()
                     self.packs.append(os.path.join(work, f"pack-{len(self.packs):04d}"))
-                with open(self.packs[-1], "ab") as pack:
-                    pack.write(data)
-        self.pack_bytes = pack_mib * MIB
+                    pack = open(self.packs[-1], "wb")  # noqa: SIM115 - closed when the next one opens, or below
+                pack.write(data)
+        if pack is not None:
+            pack.close()
 
     def read_chunk_files(self, threads: int) -> None:
         reader = DirectReader()

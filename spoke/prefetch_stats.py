@@ -69,6 +69,8 @@ class PrefetchStats:
     def reading(self, ids: Iterable[bytes]) -> None:
         """A demand read asks for ``ids``: those outstanding are no longer held ahead of it
         (a lookahead moves on as soon as a read is asked, before its bytes are sent)."""
+        if not self._outstanding:  # no prefetch waits to be read: most demand reads, no lock taken
+            return
         with self._lock:
             for cid in ids:
                 tag = self._outstanding.get(cid)
