@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from fabric.errors import StorageFull
 from fabric.util.sqlite import SharedConnection
@@ -95,13 +95,18 @@ class SpokeState:
         self._commits.add((repo, commit))
 
     # -- staging snapshots ---------------------------------------------------
-    def save_staging(self, repo: str, branch: str, head: str, seq: int, rows: dict[str, bytes | None], replace: bool) -> None:
-        """Record a branch's staging snapshot: ``rows`` on top of the recorded one, or instead of it."""
-        with self._best_effort(f"staging of {repo}@{branch}"), self._db.transaction() as cur:
-            if replace:
-                cur.execute("DELETE FROM staging_rows WHERE repo = ? AND branch = ?", (repo, branch))
-            cur.execute("INSERT OR REPLACE INTO staging_heads VALUES (?, ?, ?, ?)", (repo, branch, head, seq))
-            cur.executemany("INSERT OR REPLACE INTO staging_rows VALUES (?, ?, ?, ?)", [(repo, branch, p, e) for p, e in rows.items()])
+    def save_staging(self, repo: str, branch: str, head: str, seq: int, rows: Mapping[str, bytes | None], replace: bool) -> bool:
+        """Record a branch's staging snapshot: ``rows`` on top of the recorded one, or instead of
+        it. False when the disk is full and nothing was recorded: a later change recorded on top
+        of this record would then claim a seq whose rows it lacks (see ``StagingCache``)."""
+        with self._best_effort(f"staging of {repo}@{branch}"):
+            with self._db.transaction() as cur:
+                if replace:
+                    cur.execute("DELETE FROM staging_rows WHERE repo = ? AND branch = ?", (repo, branch))
+                cur.execute("INSERT OR REPLACE INTO staging_heads VALUES (?, ?, ?, ?)", (repo, branch, head, seq))
+                cur.executemany("INSERT OR REPLACE INTO staging_rows VALUES (?, ?, ?, ?)", [(repo, branch, p, e) for p, e in rows.items()])
+            return True
+        return False
 
     def staging(self, repo: str, branch: str) -> tuple[str, int, dict[str, bytes | None]] | None:
         """``(head, seq, rows)`` of the last recorded snapshot of a branch's staging area."""

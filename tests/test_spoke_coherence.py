@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from fabric.client.http import HttpPlane
+from fabric.errors import StorageFull
 from spoke.coherence import RefTracker, StagingCache
 from spoke.state import SpokeState
 from spoke.traffic import Traffic
@@ -265,6 +266,60 @@ def test_a_staging_snapshot_moves_a_ref_the_stream_has_not_moved_yet(hub: Hub, t
         tracker._apply(event)
         assert tracker.ref(repo, "branch", "main") == (first, False), event
     assert SpokeState(str(tmp_path)).refs() == [(repo, "branch", "main", first)]  # what a restart starts from
+
+
+def _live_staging(hub: Hub, cache_dir: str) -> tuple[RefTracker, StagingCache]:
+    """A spoke's ref tracker (its watch stream live) and staging cache over the state in ``cache_dir``."""
+    upstream = HttpPlane(hub.url, hub.token)
+    tracker = RefTracker(upstream, Traffic(), SpokeState(cache_dir), lease=600)
+    tracker.start()
+    wait_for(tracker.live, timeout=20)
+    return tracker, StagingCache(upstream, tracker, Traffic(), tracker.state)
+
+
+def _fill(state: SpokeState) -> None:
+    """Leave no room in the state's database (as a full disk would)."""
+    state._db.execute("PRAGMA max_page_count = 1")  # no more pages than it has
+    for i in range(10_000):  # and no room left in them
+        try:
+            state._db.execute("INSERT INTO staging_rows VALUES (?, ?, ?, ?)", ("filler", "b", f"p{i}", b"x" * 100))
+        except StorageFull:
+            return
+    raise AssertionError("the database did not fill")
+
+
+def test_a_staging_change_the_full_disk_kept_out_of_the_record_is_not_lost_at_a_restart(hub: Hub, tmp_path) -> None:
+    """Soak seed 1 in CI: a PUT acknowledged by spoke-a landed at the hub while spoke-a's disk
+    was full, so its staging record missed it; a later change, recorded when the disk had room
+    again, moved the record's seq past it. Restarted, the spoke fetched only the changes after
+    that seq, and read the key as absent 33 s after the PUT. Once a change is not recorded,
+    the next record is the whole snapshot."""
+    plane = hub.plane()
+    repo = unique_name("fullrecord")
+    plane.create_repo(repo)
+    tracker, staging = _live_staging(hub, str(tmp_path))
+    head = tracker.ref(repo, "branch", "main")[0]
+
+    def staged(cache: StagingCache, path: str) -> bool:
+        return path in cache.get(repo, "main", head)[0].items
+
+    plane.put_object(repo, "main", "a", io.BytesIO(b"a"))
+    wait_for(lambda: staged(staging, "a"))
+    skipped = tracker.state.skipped_writes
+    _fill(tracker.state)
+    plane.put_object(repo, "main", "b", io.BytesIO(b"b"))
+    wait_for(lambda: staged(staging, "b"))  # served from memory, not recorded
+    assert tracker.state.skipped_writes > skipped
+    tracker.state._db.execute("PRAGMA max_page_count = 1000000")  # room again
+    plane.put_object(repo, "main", "c", io.BytesIO(b"c"))
+    wait_for(lambda: staged(staging, "c"))
+    tracker.stop()
+
+    restarted, after = _live_staging(hub, str(tmp_path))
+    try:
+        assert sorted(after.get(repo, "main", head)[0].items) == ["a", "b", "c"]
+    finally:
+        restarted.stop()
 
 
 def test_a_live_stream_does_not_vouch_for_a_head_forever(hub: Hub, tmp_path) -> None:
