@@ -189,6 +189,14 @@ class FabricCached(Fabric):
     def __init__(self, python: str, hub_url: str, token: str, target: str, mp: str, log: str, cache: str, size: int) -> None:
         super().__init__(python, hub_url, token, target, mp, log, "--cache-dir", cache, "--cache-size", str(size))
 
+    def baseline(self, src: str) -> Fabric:
+        """As for :class:`Fabric`, with a cache directory of its own (the layouts of two
+        revisions may differ), filled as this one is."""
+        other = super().baseline(src)
+        at = other.cmd.index("--cache-dir") + 1
+        other.cmd = [*other.cmd[:at], other.cmd[at] + "-base", *other.cmd[at + 1 :]]
+        return other
+
     def fill(self) -> None:
         root = self.mount()
         try:
@@ -342,7 +350,7 @@ def main() -> None:
     if args.baseline_src:
         systems = [b for s in systems for b in ([s, s.baseline(args.baseline_src)] if isinstance(s, Fabric) else [s])]
     for s in systems:
-        if isinstance(s, FabricCached) and not s.name.endswith("@base"):  # a baseline shares the directory
+        if isinstance(s, FabricCached):
             s.fill()
     parallel = params["large_files"] >= READERS
     rows = ("large_first", "large_second", "large_parallel", "small_first", "small_second")

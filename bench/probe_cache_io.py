@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Where a cold read of cached chunks spends its time at the disk: per file, or per I/O?
 
-A mount's ``--cache-dir`` and a spoke's cache keep one file per chunk (64 KiB on
-average), so a cold read of 1 GiB costs 16,000 small reads. This probe reads the same
-bytes from the disk in the ways a cache could lay them out, caches dropped before each
-read, and reports MB/s and CPU seconds per GiB of this process (user + system):
+A spoke's cache keeps one file per chunk (64 KiB on average), as a mount's
+``--cache-dir`` did before it kept packs, so a cold read of 1 GiB costs 16,000 small
+reads. This probe reads the same bytes from the disk in the ways a cache could lay them
+out, caches dropped before each read, and reports MB/s and CPU seconds per GiB of this
+process (user + system):
 
-- ``chunk files``: the real layout and read of a mount's cache directory
-  (:class:`fabric.cache.disk.DiskCache` files, read whole with ``O_DIRECT`` by
-  :class:`fuse.direct.DirectReader`, as :mod:`fuse.reader` does), with 1 and with
-  ``--threads`` readers;
+- ``chunk files``: :class:`fabric.cache.disk.DiskCache` files (the spoke's layout), read
+  whole with ``O_DIRECT``, with 1 and with ``--threads`` readers;
 - ``packs``: the same chunks appended to files of ``--pack-mib`` MiB, read with
   ``O_DIRECT`` in pieces of 64 KiB (one read per chunk) and of 1 MiB (runs of
   neighbouring chunks in one read);
+- ``pack cache``: the mount's ``--cache-dir`` (:class:`fabric.cache.packs.PackCache`),
+  read as a mount reads it: 16 chunks (a 1 MiB kernel request) at a time with
+  :meth:`~fabric.cache.packs.PackCache.read_into`, each chunk checked against its id;
 - ``one file``: the bytes as one plain file read in 1 MiB pieces through the page cache,
   as bench_fuse.py reads the local directory.
 
@@ -35,8 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import drop_page_cache, median, remove, save_report  # noqa: E402
 from fabric.cache.disk import DiskCache  # noqa: E402
+from fabric.cache.packs import PackCache  # noqa: E402
 from fabric.format.chunking import chunk_id  # noqa: E402
-from fuse.direct import DirectReader  # noqa: E402
+from fabric.util.direct_io import DirectReader  # noqa: E402
 
 CHUNK = 64 * 1024
 MIB = 1 << 20
@@ -50,6 +53,7 @@ class Layouts:
         remove(work)
         os.makedirs(work)
         self.cache = DiskCache(os.path.join(work, "chunks"), 4 * mib * MIB)
+        self.pack_cache = PackCache(os.path.join(work, "pack-cache"), 4 * mib * MIB, lambda cid, data: chunk_id(data) == cid)
         self.ids: list[bytes] = []
         self.packs: list[str] = []
         per_pack = pack_mib * MIB // CHUNK
@@ -59,8 +63,8 @@ class Layouts:
                 data = os.urandom(CHUNK)
                 cid = chunk_id(data)
                 self.ids.append(cid)
-                if not self.cache.put(cid, data):
-                    raise SystemExit(f"the cache directory did not keep chunk {i}")
+                if not (self.cache.put(cid, data) and self.pack_cache.put(cid, data)):
+                    raise SystemExit(f"a cache did not keep chunk {i}")
                 whole.write(data)
                 if i % per_pack == 0:
                     if pack is not None:
@@ -72,10 +76,10 @@ class Layouts:
             pack.close()
 
     def read_chunk_files(self, threads: int) -> None:
-        reader = DirectReader()
+        reader = DirectReader(CHUNK)
 
         def one(cid: bytes) -> None:
-            if len(reader.read(self.cache.file(cid), CHUNK)) != CHUNK:
+            if len(reader.read(self.cache.file(cid), 0, CHUNK)) != CHUNK:
                 raise SystemExit(f"short read of chunk {cid.hex()}")
 
         if threads == 1:
@@ -94,6 +98,15 @@ class Layouts:
                     os.preadv(fd, [buf], offset)
             finally:
                 os.close(fd)
+
+    def read_pack_cache(self) -> None:
+        buf = memoryview(bytearray(MIB))
+        per_request = MIB // CHUNK
+        for at in range(0, len(self.ids), per_request):
+            ids = self.ids[at : at + per_request]
+            pairs = [(cid, buf[j * CHUNK : (j + 1) * CHUNK]) for j, cid in enumerate(ids)]
+            if len(self.pack_cache.read_into(pairs)) != len(set(ids)):
+                raise SystemExit(f"the pack cache did not serve chunks {at} to {at + len(ids)}")
 
     def read_one_file(self) -> None:
         with open(os.path.join(self.work, "one-file"), "rb", buffering=0) as f:
@@ -124,10 +137,11 @@ def main() -> None:
 
     layouts = Layouts(args.work, args.mib, args.pack_mib)
     ways: dict[str, Callable[[], None]] = {
-        "chunk files, 1 reader (the mount's --cache-dir read)": lambda: layouts.read_chunk_files(1),
+        "chunk files, 1 reader (the spoke's cache)": lambda: layouts.read_chunk_files(1),
         f"chunk files, {args.threads} readers": lambda: layouts.read_chunk_files(args.threads),
         f"packs of {args.pack_mib} MiB, 64 KiB reads": lambda: layouts.read_packs(CHUNK),
         f"packs of {args.pack_mib} MiB, 1 MiB reads": lambda: layouts.read_packs(MIB),
+        "pack cache, 16 chunks a read (the mount's --cache-dir)": layouts.read_pack_cache,
         "one file, buffered 1 MiB reads (the local disk)": layouts.read_one_file,
     }
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}

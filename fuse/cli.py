@@ -110,7 +110,7 @@ statistics, is at --log-file.
 @click.option("--attr-timeout", type=float, default=1.0, metavar="SECONDS", show_default=True, help="Branch mounts: how long the kernel may cache names and attributes (opens and listings always check).")
 @click.option("--readahead", type=Size(), default="32M", show_default=True, help="Sequential readahead window per open file (also the kernel's, when run as root).")
 @click.option("--memory-cache", type=Size(), default="512M", show_default=True, help="Chunks kept in memory.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Also keep chunks on disk here (survives remounts).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Also keep chunks on disk here, appended to packs of up to 64 MiB (survives remounts; chunk files of older versions there are removed).")
 @click.option("--cache-size", type=Size(), default="10G", show_default=True, help="Size bound of --cache-dir.")
 @click.option("--write-dir", type=click.Path(file_okay=False), help="Where files being written are kept until staged (default: a new temporary directory).")
 @click.option("--uid", type=int, default=None, help="Owner shown for entries that record none (default: the mounting user).")

@@ -63,6 +63,8 @@ class ReadPath:
 
     def close(self) -> None:
         self.fetcher.close()
+        if self.fetcher.disk is not None:
+            self.fetcher.disk.close()
         if self.opens is not None:
             self.opens.close()
         self.top_ups.close()

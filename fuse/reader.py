@@ -20,15 +20,14 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from fabric.cache.disk import DiskCache
 from fabric.cache.lru import BytesLRU
+from fabric.cache.packs import PackCache
 from fabric.errors import Corruption
 from fabric.format import frames
 from fabric.format.chunking import chunk_id
 from fabric.format.model import HOLE_ID
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.retry import RetryingPlane
-from fuse.direct import DirectReader
 from fuse.outage import result
 
 log = logging.getLogger("fabric.fuse")
@@ -44,9 +43,9 @@ FIRST_WINDOW = 1024 * 1024
 ZEROS = bytes(1024 * 1024)
 
 
-def chunk_disk_cache(root: str, budget: int) -> DiskCache:
-    """The ``--cache-dir`` of a mount: raw chunks, each checked against its id when read back."""
-    return DiskCache(root, budget, lambda cid, data: chunk_id(data) == cid)
+def chunk_disk_cache(root: str, budget: int) -> PackCache:
+    """The ``--cache-dir`` of a mount: raw chunks in packs, each checked against its id when read back."""
+    return PackCache(root, budget, lambda cid, data: chunk_id(data) == cid)
 
 
 class Fetcher:
@@ -55,14 +54,15 @@ class Fetcher:
     Every chunk being loaded has one future in ``_inflight``, owned by the thread that
     loads it; other readers of it wait on that future. Readahead fetches only what the
     disk cache lacks: a chunk on disk is read when it is needed, by
-    :meth:`read_cached_into` straight into the kernel's buffer when a read covers it whole.
+    :meth:`read_cached_into` straight into the kernel's buffer when a read covers it whole
+    (the neighbours in a pack with one read).
     """
 
     def __init__(
         self,
         plane: RetryingPlane,
         memory: BytesLRU,
-        disk: DiskCache | None = None,
+        disk: PackCache | None = None,
         workers: int = 4,
         repo: str | None = None,
     ) -> None:
@@ -75,7 +75,6 @@ class Fetcher:
         self._inflight: dict[bytes, Future] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fabric-fetch")
-        self._direct = DirectReader()
         self.fetched_chunks = 0
         self.fetched_bytes = 0
         self.requests = 0
@@ -108,18 +107,16 @@ class Fetcher:
             out[cid] = result(getattr(self.plane, "health", None), fut)
         return out
 
-    def read_cached_into(self, cid: bytes, dst: memoryview) -> bool:
-        """Copy chunk ``cid`` (``len(dst)`` bytes) from the disk cache into ``dst``, verified,
-        without keeping it in memory; False when memory has it or is loading it, or the disk
-        cache lacks it or holds a damaged copy (dropped): then :meth:`get` it."""
-        disk = self.disk
-        if disk is None or cid in self.memory or cid in self._inflight or cid not in disk:
-            return False
-        view = self._read_disk(disk, cid, len(dst))
-        if view is None:
-            return False
-        dst[:] = view
-        return True
+    def read_cached_into(self, pairs: Sequence[tuple[bytes, memoryview]]) -> set[bytes]:
+        """Copy chunks (each ``len(dst)`` bytes) from the disk cache into their buffers,
+        verified, without keeping them in memory; the ids served. Not served: those memory has
+        or is loading, and those the disk cache lacks or holds damaged (dropped): :meth:`get` them."""
+        if self.disk is None:
+            return set()
+        todo = [(cid, dst) for cid, dst in pairs if cid not in self.memory and cid not in self._inflight]
+        served = self.disk.read_into(todo) if todo else set()
+        self.disk_chunks += len(served)
+        return served
 
     def prefetch(self, chunks: Iterable[tuple[bytes, int]]) -> int:
         """Start fetching chunks in the background (batched); returns the bytes requested."""
@@ -164,11 +161,12 @@ class Fetcher:
             missing = []
             try:
                 for cid in ids:
-                    view = self._read_disk(self.disk, cid) if cid in self.disk else None
-                    if view is None:
+                    data = self.disk.read(cid)
+                    if data is None:
                         missing.append(cid)
                         continue
-                    got[cid] = data = bytes(view)
+                    self.disk_chunks += 1
+                    got[cid] = data
                     self.memory.put(cid, data)
                     self._resolve(cid, data)
             except BaseException as exc:
@@ -177,25 +175,6 @@ class Fetcher:
         if missing:
             got.update(self._fetch(missing))
         return got
-
-    def _read_disk(self, disk: DiskCache, cid: bytes, size: int | None = None) -> memoryview | None:
-        """Chunk ``cid`` (of ``size`` bytes, when known) from the disk cache, verified against
-        its id (a view valid until this thread's next read); ``None`` when gone meanwhile or
-        damaged (then dropped)."""
-        try:
-            view = self._direct.read(disk.file(cid), size)
-        except FileNotFoundError:
-            return None  # evicted meanwhile
-        except OSError as exc:
-            log.warning("cannot read chunk %s from the cache directory: %s", cid.hex(), exc)
-            return None
-        if chunk_id(view) != cid:
-            log.warning("dropping damaged chunk %s from the cache directory", cid.hex())
-            disk.drop_corrupt(cid)
-            return None
-        disk.touch(cid)
-        self.disk_chunks += 1
-        return view
 
     def _resolve(self, cid: bytes, data: bytes) -> None:
         with self._lock:
@@ -281,16 +260,18 @@ class FileReader:
         if self.size > WHOLE_FILE:
             self._read_ahead(offset, end, last)
         rest: list[int] = []
-        served: set[bytes] = set()
+        whole: list[tuple[int, memoryview]] = []
         for i in range(first, last):
             cid = self.ids[i]
             lo, hi, at = self._span(i, offset, end)
             if cid == HOLE_ID:
                 dst[at : at + hi - lo] = memoryview(ZEROS)[: hi - lo] if hi - lo <= len(ZEROS) else bytes(hi - lo)
-            elif lo == 0 and hi == self.lengths[i] and self.fetcher.read_cached_into(cid, dst[at : at + hi]):
-                served.add(cid)
+            elif lo == 0 and hi == self.lengths[i]:
+                whole.append((i, dst[at : at + hi]))
             else:
                 rest.append(i)
+        served = self.fetcher.read_cached_into([(self.ids[i], view) for i, view in whole]) if whole else set()
+        rest = sorted(rest + [i for i, _ in whole if self.ids[i] not in served])
         if rest:
             if self.size <= WHOLE_FILE:  # small: the rest of it in one request, later reads from memory
                 ids = [c for c in self.ids if c != HOLE_ID and c not in served]

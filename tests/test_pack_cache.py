@@ -1,0 +1,240 @@
+"""The mount's ``--cache-dir`` of packs (fabric/cache/packs.py): appends, reads in runs,
+restarts, torn tails, damage, eviction by pack, a full disk, kill -9."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fabric.cache import packs
+from fabric.cache.packs import HEADER, PackCache
+from fabric.format.chunking import chunk_id
+
+KiB, MiB = 1024, 1 << 20
+
+
+def verify(cid: bytes, data: memoryview) -> bool:
+    return chunk_id(data) == cid
+
+
+def chunks(n: int, size: int = 64 * KiB, seed: int = 0) -> list[tuple[bytes, bytes]]:
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        data = rnd.randbytes(size)
+        out.append((chunk_id(data), data))
+    return out
+
+
+def pack_files(root) -> list[str]:
+    d = os.path.join(str(root), "packs")
+    return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".pack"))
+
+
+def read_all(cache: PackCache, items: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    bufs = [(cid, memoryview(bytearray(len(data)))) for cid, data in items]
+    served = cache.read_into(bufs)
+    return {cid: bytes(buf) for cid, buf in bufs if cid in served}
+
+
+def test_chunks_come_back_whole_and_checked_in_one_request(tmp_path) -> None:
+    cache = PackCache(str(tmp_path), 64 * MiB, verify)
+    items = chunks(40, seed=1) + chunks(3, size=200 * KiB, seed=2)
+    for cid, data in items:
+        assert cache.put(cid, data)
+    assert cache.put(*items[0])  # already cached: nothing appended
+    assert cache.stats()["cache_entries"] == len(items)
+    assert cache.stats()["cache_bytes"] == sum(len(d) + HEADER.size for _, d in items)
+    # One request of all of them (more than one run's worth), in another order, one chunk twice.
+    shuffled = items[::-1] + [items[5]]
+    bufs = [(cid, memoryview(bytearray(len(data)))) for cid, data in shuffled]
+    assert cache.read_into(bufs) == {cid for cid, _ in items}
+    assert all(bytes(buf) == data for (_, buf), (_, data) in zip(bufs, shuffled, strict=True))
+    assert cache.read(items[7][0]) == items[7][1]
+    unknown = chunks(1, seed=3)[0]
+    assert cache.read(unknown[0]) is None and unknown[0] not in cache
+    assert cache.read_into([(unknown[0], memoryview(bytearray(len(unknown[1]))))]) == set()
+    assert not cache.put(b"\1" * 32, b"")  # nothing to cache
+    assert not cache.put(b"\2" * 32, bytes(packs.MAX_CHUNK + 1))  # larger than any chunk
+    cache.close()
+    assert not cache.put(*chunks(1, seed=4)[0])  # closed: not cached
+
+
+def test_a_restart_keeps_every_chunk_whether_closed_or_not(tmp_path) -> None:
+    items = chunks(64, seed=5)
+    cache = PackCache(str(tmp_path), 16 * MiB, verify)  # packs of 1 MiB: several sealed, one open
+    for cid, data in items:
+        cache.put(cid, data)
+    assert len(pack_files(tmp_path)) > 2
+    # Not closed (a crash): the open pack has no index and is scanned.
+    again = PackCache(str(tmp_path), 16 * MiB, verify)
+    assert read_all(again, items) == dict(items)
+    again.close()
+    assert all(os.path.exists(p[: -len("pack")] + "idx") for p in pack_files(tmp_path))
+    third = PackCache(str(tmp_path), 16 * MiB, verify)
+    assert read_all(third, items) == dict(items)
+    assert third.stats()["cache_corruptions"] == 0
+
+
+def test_a_torn_record_at_the_end_is_cut_off(tmp_path) -> None:
+    items = chunks(5, seed=6)
+    cache = PackCache(str(tmp_path), 64 * MiB, verify)
+    for cid, data in items:
+        cache.put(cid, data)
+    (last,) = pack_files(tmp_path)
+    whole = os.path.getsize(last)
+    torn, data = chunks(1, seed=7)[0]
+    with open(last, "ab") as f:  # a header and half a chunk: the process died mid-append
+        f.write(HEADER.pack(packs.MAGIC, len(data), torn) + data[: len(data) // 2])
+    again = PackCache(str(tmp_path), 64 * MiB, verify)
+    assert os.path.getsize(last) == whole
+    assert torn not in again
+    assert read_all(again, items) == dict(items)
+    assert again.put(torn, data) and again.read(torn) == data
+
+
+def test_an_index_that_does_not_fit_its_pack_is_rebuilt_from_the_headers(tmp_path) -> None:
+    items = chunks(8, seed=8)
+    cache = PackCache(str(tmp_path), 64 * MiB, verify)
+    for cid, data in items:
+        cache.put(cid, data)
+    cache.close()
+    (pack,) = pack_files(tmp_path)
+    with open(pack[: -len("pack")] + "idx", "r+b") as f:
+        f.truncate(17)  # not a whole number of index records
+    with open(os.path.join(str(tmp_path), "packs", "00000099.idx"), "wb") as f:
+        f.write(b"an index without its pack")
+    again = PackCache(str(tmp_path), 64 * MiB, verify)
+    assert read_all(again, items) == dict(items)
+    assert not os.path.exists(os.path.join(str(tmp_path), "packs", "00000099.idx"))
+
+
+def test_a_damaged_chunk_is_dropped_counted_and_cached_again(tmp_path) -> None:
+    items = chunks(6, seed=9)
+    cache = PackCache(str(tmp_path), 64 * MiB, verify)
+    for cid, data in items:
+        cache.put(cid, data)
+    (pack,) = pack_files(tmp_path)
+    victim = 3
+    at = (HEADER.size + 64 * KiB) * victim + HEADER.size + 1000
+    with open(pack, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    got = read_all(cache, items)
+    assert set(got) == {cid for cid, _ in items} - {items[victim][0]}
+    assert all(got[cid] == data for cid, data in items if cid in got)
+    assert cache.stats()["cache_corruptions"] == 1 and items[victim][0] not in cache
+    assert cache.put(*items[victim])
+    assert cache.read(items[victim][0]) == items[victim][1]
+    cache.close()
+    # A restart indexes both copies; the later (good) one wins.
+    again = PackCache(str(tmp_path), 64 * MiB, verify)
+    assert read_all(again, items) == dict(items)
+    assert again.stats()["cache_corruptions"] == 0
+
+
+def test_the_budget_holds_and_eviction_goes_by_pack(tmp_path) -> None:
+    budget = 8 * MiB  # packs of 1 MiB (15 chunks of 64 KiB), a window of 1 MiB
+    cache = PackCache(str(tmp_path), budget, verify)
+    hot = chunks(15, seed=10)
+    for cid, data in hot:
+        cache.put(cid, data)
+    for i in range(12):  # 12 more packs' worth; the first pack is read between them
+        for cid, data in chunks(15, seed=100 + i):
+            cache.put(cid, data)
+            assert cache.used <= budget + cache.pack_bytes
+        assert read_all(cache, hot[:1]) == dict(hot[:1]), f"the pack read all along was evicted (round {i})"
+    assert sum(os.path.getsize(p) for p in pack_files(tmp_path)) <= budget + cache.pack_bytes
+    assert cache.stats()["cache_evictions"] > 0
+    # Every chunk of a hot pack survives with it, though only one was read.
+    assert read_all(cache, hot) == dict(hot)
+
+
+def test_a_cyclic_scan_larger_than_the_cache_keeps_hitting(tmp_path) -> None:
+    """Plain LRU (or FIFO) would hit nothing on a loop over 1.5x the budget."""
+    budget = 8 * MiB
+    cache = PackCache(str(tmp_path), budget, verify)
+    data = chunks(180, seed=11)  # 11.25 MiB
+    hits = []
+    for _ in range(4):
+        got = 0
+        for cid, blob in data:
+            if cache.read(cid) is not None:
+                got += 1
+            else:
+                cache.put(cid, blob)
+        hits.append(got)
+    assert hits[0] == 0
+    assert min(hits[2:]) >= len(data) * 0.4, hits
+
+
+def test_old_chunk_files_are_removed(tmp_path) -> None:
+    (tmp_path / "ab").mkdir()
+    (tmp_path / "ab" / ("ab" * 32)).write_bytes(b"old layout")
+    (tmp_path / "keep").mkdir()
+    PackCache(str(tmp_path), 64 * MiB, verify).close()
+    assert not (tmp_path / "ab").exists()
+    assert (tmp_path / "keep").exists()  # not a name of the old layout
+
+
+def _tmpfs(path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], check=True)
+
+
+def test_a_full_disk_caches_nothing_more_and_serves_what_it_has(tmp_path) -> None:
+    root = tmp_path / "small"
+    _tmpfs(root)
+    try:
+        cache = PackCache(str(root), 64 * MiB, verify)  # a budget far beyond the disk
+        items = chunks(20, seed=12)  # 1.25 MiB
+        kept = [item for item in items if cache.put(*item)]
+        assert 0 < len(kept) < len(items)
+        assert read_all(cache, items) == dict(kept)
+        assert cache.stats()["cache_corruptions"] == 0
+        cache.close()
+        assert read_all(PackCache(str(root), 64 * MiB, verify), items) == dict(kept)
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+WRITER = """
+import itertools, sys
+from fabric.cache.packs import PackCache
+from tests.test_pack_cache import chunks, verify
+cache = PackCache(sys.argv[1], 1 << 30, verify)
+print("ready", flush=True)
+for group in itertools.count():
+    for cid, data in chunks(16, seed=group):
+        cache.put(cid, data)
+"""
+
+
+def test_kill_9_mid_append_leaves_a_cache_that_serves_a_prefix_of_the_writes(tmp_path) -> None:
+    root = str(tmp_path / "cache")
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, root], stdout=subprocess.PIPE, cwd=os.getcwd())
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    deadline = time.monotonic() + 30
+    while sum(os.path.getsize(p) for p in pack_files(root)) < 8 * MiB:
+        assert time.monotonic() < deadline, "the writer wrote too little"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    cache = PackCache(root, 1 << 30, verify)
+    written = [item for group in range(cache.stats()["cache_entries"] // 16 + 2) for item in chunks(16, seed=group)]
+    got = read_all(cache, written)
+    kept = len(got)
+    assert kept >= 8 * MiB // (64 * KiB + HEADER.size) - 1
+    assert set(got) == {cid for cid, _ in written[:kept]}  # every write up to the kill, none after
+    assert all(got[cid] == data for cid, data in written[:kept])
+    assert cache.stats()["cache_corruptions"] == 0
