@@ -73,7 +73,7 @@ Location = tuple[int, int, int]  # pack number, offset of the chunk's bytes, len
 class _Pack:
     number: int
     size: int = 0
-    records: list[tuple[bytes, int, int]] = field(default_factory=list)  # id, offset, length
+    ids: list[bytes] = field(default_factory=list)  # of its records, in order (where they are: the index)
     last: int = 0  # read clock at its last read
 
 
@@ -138,7 +138,7 @@ class PackCache:
                     os.unlink(self._path(number))
                     continue
                 self._write_index(number, records)
-            pack = _Pack(number, os.path.getsize(self._path(number)), records)
+            pack = _Pack(number, os.path.getsize(self._path(number)), [cid for cid, _, _ in records])
             self._packs[number] = pack
             for cid, off, n in records:  # a later pack's copy of a chunk wins
                 self._index[cid] = (number, off, n)
@@ -249,7 +249,7 @@ class PackCache:
                 return False
             with self._lock:
                 pack.size = off + HEADER.size + n
-                pack.records.append((cid, off + HEADER.size, n))
+                pack.ids.append(cid)
                 self._index[cid] = (pack.number, off + HEADER.size, n)
             if pack.size >= self.pack_bytes:
                 self._seal()
@@ -302,7 +302,7 @@ class PackCache:
         os.close(self._fd)
         self._fd = -1
         with self._lock:
-            records = list(pack.records)
+            records = [(cid, *self._index[cid][1:]) for cid in pack.ids if self._index.get(cid, (None,))[0] == pack.number]
         self._write_index(pack.number, records)
         with self._lock:
             self._open = None
@@ -341,7 +341,7 @@ class PackCache:
     def _drop(self, pack: _Pack) -> None:
         """Forget a pack that is in no segment any more, and delete its files."""
         del self._packs[pack.number]
-        for cid, _, _ in pack.records:
+        for cid in pack.ids:
             if self._index.get(cid, (None,))[0] == pack.number:
                 del self._index[cid]
         for ext in ("pack", "idx"):
