@@ -238,3 +238,36 @@ def test_kill_9_mid_append_leaves_a_cache_that_serves_a_prefix_of_the_writes(tmp
     assert set(got) == {cid for cid, _ in written[:kept]}  # every write up to the kill, none after
     assert all(got[cid] == data for cid, data in written[:kept])
     assert cache.stats()["cache_corruptions"] == 0
+
+
+def test_readers_writers_and_eviction_at_once_serve_only_right_bytes(tmp_path) -> None:
+    """Packs sealed, evicted and deleted under readers: a read gets the right bytes or a miss."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cache = PackCache(str(tmp_path), 6 * MiB, verify)  # packs of 1 MiB, constant eviction
+    items = chunks(300, seed=14)  # 19 MiB
+    stop = time.monotonic() + 3
+
+    def write(k: int) -> None:
+        while time.monotonic() < stop:
+            for cid, data in items[k::2]:
+                cache.put(cid, data)
+
+    def read(k: int) -> int:
+        rnd, served = random.Random(k), 0
+        while time.monotonic() < stop:
+            pick = rnd.sample(items, 16)
+            got = read_all(cache, pick)
+            assert all(got[cid] == data for cid, data in pick if cid in got)
+            served += len(got)
+        return served
+
+    with ThreadPoolExecutor(6) as pool:
+        writes = [pool.submit(write, k) for k in range(2)]
+        reads = [pool.submit(read, k) for k in range(4)]
+        for f in writes:
+            f.result()
+        assert sum(f.result() for f in reads) > 0
+    stats = cache.stats()
+    assert stats["cache_evictions"] > 0 and stats["cache_corruptions"] == 0
+    assert stats["cache_bytes"] <= 6 * MiB + cache.pack_bytes
