@@ -386,14 +386,19 @@ class FabricMount(System):
 
     def restore(self, directory: str, ckpt: Checkpoint, verified: str) -> dict:
         """fabric-local only: read the commit through a read-only mount of the spoke that wrote it
-        (warm: it holds every chunk) and of a spoke that never saw it (cold: every chunk over the WAN)."""
+        (warm: it holds every chunk), the same with the mount reading the spoke's cache files
+        (``--spoke-cache``: a mount beside its spoke), and through a mount of a spoke that never
+        saw it (cold: every chunk over the WAN)."""
         if self.name != "fabric-local":
             return {}
         out = {}
-        for key, url in (("restore_warm_s", self.env.spoke_url), ("restore_cold_s", self.env.cold_spoke_url)):
+        beside = ["--spoke-cache", os.path.join(self.env.work, "spoke")]
+        for key, url, extra in (("restore_warm_s", self.env.spoke_url, []), ("restore_warm_files_s", self.env.spoke_url, beside),
+                                ("restore_cold_s", self.env.cold_spoke_url, [])):
             root = f"{self.root}-ro"
             os.makedirs(root, exist_ok=True)
-            cmd = [*self.cli, "mount", url, f"{self.repo}@{verified}", root, "--token", self.env.token, "--log-file", f"{self.log}.ro"]
+            cmd = [*self.cli, "mount", url, f"{self.repo}@{verified}", root, "--token", self.env.token, "--log-file", f"{self.log}.ro",
+                   *extra]
             p = subprocess.run(cmd, env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, text=True, check=False)
             if p.returncode != 0:
                 unmount(root)
@@ -652,7 +657,11 @@ def measure(args: argparse.Namespace, work: str) -> tuple[list[dict], list[dict]
 # -- report ----------------------------------------------------------------------------------
 ROWS = (("stall_s", "stall", "s"), ("at_hub_s", "at hub", "s"), ("stall_mb_s", "stall throughput", "MB/s"),
         ("wan_mb_up", "sent over the WAN", "MB"),
-        ("restore_warm_s", "restore: warm spoke (local-disk: from disk)", "s"), ("restore_cold_s", "restore: cold spoke (over the WAN)", "s"))
+        ("restore_warm_s", "restore: warm spoke (local-disk: from disk)", "s"),
+        ("restore_warm_files_s", "restore: warm spoke, the mount reading its cache files", "s"),
+        ("restore_cold_s", "restore: cold spoke (over the WAN)", "s"))
+#: The local disk's restore is the reference of every restore row.
+LOCAL_REFERENCE = {"restore_warm_files_s": "restore_warm_s", "restore_cold_s": "restore_warm_s"}
 
 
 def summarize(rounds: list[dict]) -> dict:
@@ -668,7 +677,8 @@ def summarize(rounds: list[dict]) -> dict:
             ratios = []
             for rnd in {r["round"] for r in rounds}:
                 mine = [r.get(key) for r in rounds if r["round"] == rnd and r["system"] == "fabric-local"]
-                theirs = [r.get(key) for r in rounds if r["round"] == rnd and r["system"] == peer]
+                theirs_key = LOCAL_REFERENCE.get(key, key) if peer == "local-disk" else key
+                theirs = [r.get(theirs_key) for r in rounds if r["round"] == rnd and r["system"] == peer]
                 if mine and theirs and mine[0] and theirs[0]:
                     ratios.append(mine[0] / theirs[0])
             if ratios:
@@ -691,8 +701,10 @@ def render(report: dict) -> str:
         "rclone = every file answers HEAD with its size on the hub's S3 port (no WAN), .metadata.tmp gone"),
         "- every round committed at the hub and each file read back and compared by sha256 (local-disk: read back from the directory): all matched",
         ("- restore: every shard read back, one thread each, sha256 checked, after dropping the page cache: local-disk from its disk; "
-         "fabric-local through a read-only `fabric mount SPOKE repo@COMMIT` of the spoke that wrote it (warm) and of a third spoke "
-         "in no group that never saw it (cold: every chunk over the same WAN link)"),
+         "fabric-local through a read-only `fabric mount SPOKE repo@COMMIT` of the spoke that wrote it (warm), the same with "
+         "`--spoke-cache` (the mount reads the spoke's cache files, as a mount beside its spoke may), and of a third spoke "
+         "in no group that never saw it (cold: every chunk over the same WAN link); each restore row's ratio to local-disk "
+         "is against local-disk's read from its disk"),
         f"- command: `{report['command']}`",
         "",
         "| row | unit | " + " | ".join(SYSTEMS) + " | fabric-local / rclone | fabric-local / local-disk |",

@@ -112,6 +112,7 @@ statistics, is at --log-file.
 @click.option("--memory-cache", type=Size(), default="512M", show_default=True, help="Chunks kept in memory.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Also keep chunks on disk here, appended to packs of up to 64 MiB (survives remounts; chunk files of older versions there are removed).")
 @click.option("--cache-size", type=Size(), default="10G", show_default=True, help="Size bound of --cache-dir.")
+@click.option("--spoke-cache", type=click.Path(file_okay=False), help="The --cache directory of the spoke SERVER_URL names, when it runs on this machine: chunks it holds are read from its files, each checked against its id, instead of over HTTP (about half the CPU of a warm read). Read-only; chunks it lacks still come from the spoke.")
 @click.option("--write-dir", type=click.Path(file_okay=False), help="Where files being written are kept until staged (default: a new temporary directory).")
 @click.option("--uid", type=int, default=None, help="Owner shown for entries that record none (default: the mounting user).")
 @click.option("--gid", type=int, default=None, help="Group shown for entries that record none (default: the mounting user's group).")
@@ -140,6 +141,7 @@ def mount(
     memory_cache: int,
     cache_dir: str | None,
     cache_size: int,
+    spoke_cache: str | None,
     write_dir: str | None,
     uid: int | None,
     gid: int | None,
@@ -159,6 +161,7 @@ def mount(
         setup_logging,
         spawn,
     )
+    from fuse.spoke_files import SpokeFiles
 
     repo, ref = split_repo_ref(target)
     if ref is None:
@@ -172,6 +175,8 @@ def mount(
     if not foreground:
         # Fail fast, in this terminal, on what can be checked here.
         check_mountpoint(mountpoint)
+        if spoke_cache:
+            SpokeFiles(spoke_cache)
         resolve_target(open_plane(server_url, token, durability), repo, ref, rw)
         log_path = log_file or default_log_path(mountpoint)
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", server_url, target, os.path.abspath(mountpoint)]
@@ -194,6 +199,7 @@ def mount(
         memory_cache=memory_cache,
         cache_dir=cache_dir,
         cache_size=cache_size,
+        spoke_cache=spoke_cache,
         write_dir=write_dir,
         commit_interval=commit_interval,
         commit_on_unmount=commit_on_unmount,

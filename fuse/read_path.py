@@ -25,6 +25,7 @@ from fuse.libfuse import invalidate_path
 from fuse.namespace import Dir, SiblingOrder, join, split
 from fuse.opens import OpenReports
 from fuse.reader import Fetcher, FileReader, chunk_disk_cache
+from fuse.spoke_files import SpokeFiles
 from fuse.state import MountState
 from fuse.topups import TopUps
 
@@ -53,7 +54,8 @@ class ReadPath:
         cfg = state.cfg
         disk = chunk_disk_cache(cfg.cache_dir, cfg.cache_size) if cfg.cache_dir else None
         self.memory = BytesLRU(cfg.memory_cache)
-        self.fetcher = Fetcher(state.plane, self.memory, disk, cfg.fetch_workers, repo=state.repo)
+        spoke_files = SpokeFiles(cfg.spoke_cache) if cfg.spoke_cache else None
+        self.fetcher = Fetcher(state.plane, self.memory, disk, cfg.fetch_workers, repo=state.repo, spoke_files=spoke_files)
         self.readers: OrderedDict[str, FileReader] = OrderedDict()
         self.readers_lock = threading.Lock()
         self.read_bytes = 0  # asked by the kernel (what its page cache lacked)

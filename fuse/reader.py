@@ -29,6 +29,7 @@ from fabric.format.model import HOLE_ID
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.retry import RetryingPlane
 from fuse.outage import result
+from fuse.spoke_files import SpokeFiles
 
 log = logging.getLogger("fabric.fuse")
 
@@ -65,13 +66,16 @@ class Fetcher:
         disk: PackCache | None = None,
         workers: int = 4,
         repo: str | None = None,
+        spoke_files: SpokeFiles | None = None,
     ) -> None:
         """``repo``: the repository the chunks are read for (a token for some repositories
-        may fetch only their chunks)."""
+        may fetch only their chunks). ``spoke_files``: the cache files of the spoke mounted,
+        when it runs on this machine (read before asking it over HTTP)."""
         self.plane = plane
         self.repo = repo
         self.memory = memory
         self.disk = disk
+        self.spoke_files = spoke_files
         self._inflight: dict[bytes, Future] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fabric-fetch")
@@ -149,23 +153,23 @@ class Fetcher:
 
     def _fetch_quiet(self, ids: list[bytes]) -> None:
         try:
-            self._fetch(ids)
+            self._load(ids)
         except Exception as exc:  # noqa: BLE001 - the waiting readers get the error
             log.debug("readahead of %d chunks failed: %s", len(ids), exc)
 
     def _load(self, ids: list[bytes]) -> dict[bytes, bytes]:
-        """Load chunks whose futures this thread owns: from the disk cache, the rest from the server."""
+        """Load chunks whose futures this thread owns: from the disk cache or the spoke's
+        files, the rest from the server."""
         got: dict[bytes, bytes] = {}
         missing = ids
-        if self.disk is not None:
+        if self.disk is not None or self.spoke_files is not None:
             missing = []
             try:
                 for cid in ids:
-                    data = self.disk.read(cid)
+                    data = self._read_local(cid)
                     if data is None:
                         missing.append(cid)
                         continue
-                    self.disk_chunks += 1
                     got[cid] = data
                     self.memory.put(cid, data)
                     self._resolve(cid, data)
@@ -175,6 +179,13 @@ class Fetcher:
         if missing:
             got.update(self._fetch(missing))
         return got
+
+    def _read_local(self, cid: bytes) -> bytes | None:
+        """Chunk ``cid`` from this machine's disk: the mount's cache directory, else the spoke's files."""
+        if self.disk is not None and (data := self.disk.read(cid)) is not None:
+            self.disk_chunks += 1
+            return data
+        return self.spoke_files.read(cid) if self.spoke_files is not None else None
 
     def _resolve(self, cid: bytes, data: bytes) -> None:
         with self._lock:
