@@ -22,6 +22,7 @@ from fabric.format.model import DIR, FILE, Entry
 from fuse.errors import err
 from fuse.handles import RHandle, WHandle, content_sig
 from fuse.libfuse import invalidate_path
+from fuse.local_reads import LocalReadReports
 from fuse.namespace import Dir, SiblingOrder, join, split
 from fuse.opens import OpenReports
 from fuse.reader import Fetcher, FileReader, chunk_disk_cache
@@ -54,7 +55,9 @@ class ReadPath:
         cfg = state.cfg
         disk = chunk_disk_cache(cfg.cache_dir, cfg.cache_size) if cfg.cache_dir else None
         self.memory = BytesLRU(cfg.memory_cache)
-        spoke_files = SpokeFiles(cfg.spoke_cache) if cfg.spoke_cache else None
+        #: A mount beside its spoke reads the spoke's cache files and reports those reads to it.
+        self.local_reads = LocalReadReports(state.plane.inner, state.repo) if cfg.spoke_cache else None
+        spoke_files = SpokeFiles(cfg.spoke_cache, self.local_reads.read) if self.local_reads is not None else None
         self.fetcher = Fetcher(state.plane, self.memory, disk, cfg.fetch_workers, repo=state.repo, spoke_files=spoke_files)
         self.readers: OrderedDict[str, FileReader] = OrderedDict()
         self.readers_lock = threading.Lock()
@@ -67,6 +70,8 @@ class ReadPath:
         self.fetcher.close()
         if self.fetcher.disk is not None:
             self.fetcher.disk.close()
+        if self.local_reads is not None:
+            self.local_reads.close()
         if self.opens is not None:
             self.opens.close()
         self.top_ups.close()

@@ -9,7 +9,8 @@ allows it.
 Only reads: the spoke still owns its cache (it writes, evicts and checks the files), and
 still serves the mount's metadata and every chunk these files lack. A file gone meanwhile
 (evicted), unreadable (permissions) or damaged is a miss: the chunk comes over HTTP, and
-the spoke finds the damage itself when it next reads the file. Every chunk is checked
+the spoke finds the damage itself when it next reads the file. The spoke hears of the
+reads through ``on_read`` (``fuse/local_reads.py``). Every chunk is checked
 against its id (:func:`fabric.format.frames.decode`), so a directory that is not the spoke's
 cannot make the mount serve wrong bytes.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from fabric.errors import BadRequest, Corruption
 from fabric.format import frames
@@ -32,13 +34,15 @@ LOG_INTERVAL = 60.0
 
 
 class SpokeFiles:
-    def __init__(self, cache_dir: str) -> None:
-        """``cache_dir``: the spoke's ``--cache`` directory. BadRequest unless it holds a chunk cache."""
+    def __init__(self, cache_dir: str, on_read: Callable[[bytes], None] | None = None) -> None:
+        """``cache_dir``: the spoke's ``--cache`` directory (BadRequest unless it holds a chunk
+        cache); ``on_read(id)`` hears of each chunk read from it."""
         self.root = os.path.join(cache_dir, "chunks")
         if not os.path.isdir(self.root):
             raise BadRequest(f"--spoke-cache {cache_dir!r} is not a spoke's cache directory (it has no chunks/ directory)")
         self._reader = DirectReader(MAX_CHUNK + frames.HEADER_LEN)
         self._logged = float("-inf")
+        self._on_read = on_read
         self.chunks = 0  # served from the spoke's files
         self.misses = 0
 
@@ -56,6 +60,8 @@ class SpokeFiles:
             self._warn(f"chunk {h} not read from the spoke's cache files ({exc}); asking the spoke")
             return None
         self.chunks += 1
+        if self._on_read is not None:
+            self._on_read(cid)
         return data
 
     def _warn(self, message: str) -> None:

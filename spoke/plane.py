@@ -219,6 +219,7 @@ class SpokePlane(DataPlane):
         self.ownership = ChunkOwnership(lambda repo, ids: self.upstream.missing_chunks(ids, HUB, repo=repo))
         self.durability = durability
         self._answers = Remembered(ANSWER_TTL)
+        self.local_reads = 0  # chunks mounts beside this spoke read from its cache files
         self._lock = threading.Lock()
         self.tracker.start()
         self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self._landed)
@@ -769,6 +770,14 @@ class SpokePlane(DataPlane):
         self._answers.forget(("bucket", name))
 
     # -- administration ------------------------------------------------------
+    def read_locally(self, ids: list[bytes]) -> None:
+        """A mount beside this spoke read these chunks from its cache files: reads of the cache
+        (recency, plans, hits), as if it had served them (spoke/local_reads_api.py)."""
+        for cid in ids:
+            self.chunk_cache.touch(cid)
+        with self._lock:
+            self.local_reads += len(ids)
+
     def stats(self) -> dict:
         chunk, meta = self.chunk_cache.stats(), self.meta_cache.stats()
         breaker = self.breaker.state()
@@ -787,6 +796,7 @@ class SpokePlane(DataPlane):
             "cache_refetched": self.fetcher.refetched,
             "cache_hit_bytes": self.fetcher.hit_bytes,
             "cache_miss_bytes": self.fetcher.miss_bytes,
+            "cache_local_reads": self.local_reads,
             "hint_window_bytes": self.lookahead.window_bytes,
             "prefetch": self.fetcher.prefetch_stats.snapshot(),
             "jobs": self.fetcher.jobs.snapshot(),

@@ -47,12 +47,16 @@ def test_a_mount_reads_a_warm_spokes_chunks_from_its_files_and_asks_for_what_the
                 assert digests(mnt, names[:2]) == {n: want[n] for n in names[:2]}
             opts = ("--spoke-cache", str(cache), "--memory-cache", "8M")
             before = link.stats().bytes_down
+            reported = spoke.stats()["cache_local_reads"]
             with mounted(link.url_for(), hub.token, f"{repo}@{commit}", tmp_path / "beside", *opts) as mnt:
                 assert digests(mnt, names[:2]) == {n: want[n] for n in names[:2]}
                 warm = link.stats().bytes_down - before
                 assert warm < MiB, f"{warm} bytes came over HTTP for chunks the spoke's files hold"
                 assert digests(mnt, names[2:]) == {names[2]: want[names[2]]}  # from the spoke, over HTTP
                 assert link.stats().bytes_down - before - warm >= len(files[names[2]])
+            # The spoke heard of the chunks read from its files (the rest by unmount).
+            chunks = sum(len(plane.stat_chunks(repo, commit, n).chunks) for n in names[:2])
+            assert spoke.stats()["cache_local_reads"] - reported >= chunks
 
             # A damaged file of the spoke's: the chunk comes over HTTP, right.
             frame = max((p for p in (cache / "chunks").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
@@ -75,3 +79,30 @@ def test_a_directory_that_is_not_a_spokes_cache_is_refused(hub, tmp_path) -> Non
     assert proc.returncode != 0
     assert "is not a spoke's cache directory" in proc.stderr
     assert not os.path.ismount(tmp_path / "mnt")
+
+
+def test_reports_of_local_reads_are_checked_and_need_read_access(hub, tmp_path) -> None:
+    plane = hub.plane()
+    mine, other = unique_name("spokefiles"), unique_name("spokefiles")
+    for repo in (mine, other):
+        plane.create_repo(repo)
+    reader = plane.create_token("reader-of-mine", roles={mine: "read"})["token"]
+    with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token) as spoke, spoke.client(reader) as c:
+        before = spoke.stats()["cache_local_reads"]
+        ids = [os.urandom(32).hex() for _ in range(3)]
+        assert c.post(f"/api/v1/repos/{mine}/cache/local-reads", json={"ids": ids}).status_code == 204
+        assert c.post(f"/api/v1/repos/{other}/cache/local-reads", json={"ids": ids}).status_code == 403
+        for bad in ({"ids": ["zz" * 32]}, {"ids": ["ab" * 31]}, {"ids": "ab"}, {"ids": ["ab" * 32] * 4097}):
+            r = c.post(f"/api/v1/repos/{mine}/cache/local-reads", json=bad)
+            assert r.status_code in (400, 413), (bad if len(str(bad)) < 100 else "4097 ids", r.status_code, r.text)
+        assert spoke.stats()["cache_local_reads"] == before + 3  # only the good report counted
+
+
+def test_a_server_without_the_route_is_not_told_again(hub) -> None:
+    from fabric.client.http import HttpPlane
+    from fuse.local_reads import LocalReadReports
+
+    reports = LocalReadReports(HttpPlane(hub.url, hub.token), "any")
+    reports.read(os.urandom(32))
+    reports.close()  # sends what gathered: a hub answers 404
+    assert reports._useless

@@ -59,6 +59,8 @@ UPLOAD_PACK_SIZE = 16 * 1024 * 1024
 MISSING_BATCH = 10_000
 FRAMES_BATCH = 4096
 OBJECT_BATCH = 256
+#: Ids per report of a mount's reads from a spoke's cache files (spokes take at most 4,096).
+LOCAL_READS_BATCH = 4096
 API = "/api/v1"
 
 _T = TypeVar("_T")
@@ -406,6 +408,12 @@ class HttpPlane(DataPlane):
             total["bytes"] += reply["bytes"]
             total["window_bytes"] = reply["window_bytes"]
         return total
+
+    def report_local_reads(self, repo: str, ids: Sequence[bytes]) -> None:
+        """Tell a spoke that a mount beside it read these chunks of ``repo`` from its cache
+        files (``fabric mount --spoke-cache``); NotFound from a server without the route (a hub)."""
+        for at in range(0, len(ids), LOCAL_READS_BATCH):
+            self._call("POST", f"/repos/{repo}/cache/local-reads", json={"ids": [c.hex() for c in ids[at : at + LOCAL_READS_BATCH]]})
 
     def read_stream(self, repo: str, ref: str, path: str, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
         server, response = self._open_stream(

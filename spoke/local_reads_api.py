@@ -1,0 +1,48 @@
+"""The route by which a mount beside its spoke reports the chunks it read from the spoke's
+cache files itself (``fabric mount --spoke-cache``, fuse/spoke_files.py).
+
+Each id counts as a read of the spoke's chunk cache (:meth:`fabric.cache.disk.DiskCache.touch`):
+its recency, its plans and its hit count see the read as if the spoke had served it, so chunks
+a mount reads beside the spoke are not evicted as unread. The caller needs read access to
+the repository; the answer is 204 whatever the cache holds (it tells nothing about it).
+"""
+
+from collections.abc import Callable
+
+import anyio
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, Field
+
+from fabric.api.routing import caller, read_model
+from fabric.auth.principal import Principal
+from fabric.errors import BadRequest
+
+#: Ids in one report, at most (a mount sends more in several).
+MAX_IDS = 4096
+MAX_BYTES = MAX_IDS * 80
+
+
+class LocalReads(BaseModel):
+    ids: list[str] = Field(max_length=MAX_IDS)
+
+
+def local_reads_router(touch: Callable[[list[bytes]], None], authenticate: Callable[..., Principal]) -> APIRouter:
+    """``touch(ids)``: count reads of these chunk ids (the spoke's plane)."""
+    router = APIRouter(prefix="/api/v1", tags=["objects"])
+    Caller = caller(authenticate)
+
+    @router.post("/repos/{repo}/cache/local-reads", status_code=204, response_class=Response)
+    async def local_reads(repo: str, request: Request, who: Caller) -> Response:
+        """Chunks of ``repo`` a mount beside this spoke read from its cache files (hex ids)."""
+        who.require(repo, "read")
+        body = await read_model(request, LocalReads, MAX_BYTES)
+        try:
+            ids = [bytes.fromhex(h) for h in body.ids]
+        except ValueError:
+            raise BadRequest("ids are chunk ids: 64 hex digits each") from None
+        if any(len(cid) != 32 for cid in ids):
+            raise BadRequest("ids are chunk ids: 64 hex digits each")
+        await anyio.to_thread.run_sync(touch, ids)
+        return Response(status_code=204)
+
+    return router
