@@ -153,20 +153,20 @@ class Fetcher:
 
     def _fetch_quiet(self, ids: list[bytes]) -> None:
         try:
-            self._load(ids)
+            self._load(ids, disk=False)  # prefetch left out what the disk cache holds
         except Exception as exc:  # noqa: BLE001 - the waiting readers get the error
             log.debug("readahead of %d chunks failed: %s", len(ids), exc)
 
-    def _load(self, ids: list[bytes]) -> dict[bytes, bytes]:
-        """Load chunks whose futures this thread owns: from the disk cache or the spoke's
-        files, the rest from the server."""
+    def _load(self, ids: list[bytes], disk: bool = True) -> dict[bytes, bytes]:
+        """Load chunks whose futures this thread owns: from the disk cache (unless ``disk`` is
+        False) or the spoke's files, the rest from the server."""
         got: dict[bytes, bytes] = {}
         missing = ids
-        if self.disk is not None or self.spoke_files is not None:
+        if (disk and self.disk is not None) or self.spoke_files is not None:
             missing = []
             try:
                 for cid in ids:
-                    data = self._read_local(cid)
+                    data = self._read_local(cid, disk)
                     if data is None:
                         missing.append(cid)
                         continue
@@ -180,9 +180,10 @@ class Fetcher:
             got.update(self._fetch(missing))
         return got
 
-    def _read_local(self, cid: bytes) -> bytes | None:
-        """Chunk ``cid`` from this machine's disk: the mount's cache directory, else the spoke's files."""
-        if self.disk is not None and (data := self.disk.read(cid)) is not None:
+    def _read_local(self, cid: bytes, disk: bool = True) -> bytes | None:
+        """Chunk ``cid`` from this machine's disk: the mount's cache directory (when ``disk``),
+        else the spoke's files."""
+        if disk and self.disk is not None and (data := self.disk.read(cid)) is not None:
             self.disk_chunks += 1
             return data
         return self.spoke_files.read(cid) if self.spoke_files is not None else None

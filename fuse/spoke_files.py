@@ -43,8 +43,6 @@ class SpokeFiles:
         self._reader = DirectReader(MAX_CHUNK + frames.HEADER_LEN)
         self._logged = float("-inf")
         self._on_read = on_read
-        self.chunks = 0  # served from the spoke's files
-        self.misses = 0
 
     def read(self, cid: bytes) -> bytes | None:
         """Chunk ``cid`` from the spoke's files, checked against its id; None when they lack it."""
@@ -53,13 +51,10 @@ class SpokeFiles:
             frame = self._reader.read(os.path.join(self.root, h[:2], h), 0, self._reader.limit)
             data = frames.decode(frame, cid)
         except FileNotFoundError:
-            self.misses += 1
             return None
         except (OSError, Corruption) as exc:
-            self.misses += 1
             self._warn(f"chunk {h} not read from the spoke's cache files ({exc}); asking the spoke")
             return None
-        self.chunks += 1
         if self._on_read is not None:
             self._on_read(cid)
         return data

@@ -397,7 +397,7 @@ class StagingCache:
         key = (repo, branch)
         with self._recording:
             whole = change is None or key in self._unrecorded
-            if change is None or whole:
+            if whole:
                 with self._lock:
                     change = (snap.head, snap.seq, dict(snap.items))
             head, seq, rows = change

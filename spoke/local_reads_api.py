@@ -11,19 +11,14 @@ from collections.abc import Callable
 
 import anyio
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, Field
 
-from fabric.api.routing import caller, read_model
+from fabric.api.exchange import read_chunk_ids
+from fabric.api.routing import caller
 from fabric.auth.principal import Principal
-from fabric.errors import BadRequest
+from fabric.plane.wire import hex_ids
 
 #: Ids in one report, at most (a mount sends more in several).
 MAX_IDS = 4096
-MAX_BYTES = MAX_IDS * 80
-
-
-class LocalReads(BaseModel):
-    ids: list[str] = Field(max_length=MAX_IDS)
 
 
 def local_reads_router(touch: Callable[[list[bytes]], None], authenticate: Callable[..., Principal]) -> APIRouter:
@@ -35,13 +30,7 @@ def local_reads_router(touch: Callable[[list[bytes]], None], authenticate: Calla
     async def local_reads(repo: str, request: Request, who: Caller) -> Response:
         """Chunks of ``repo`` a mount beside this spoke read from its cache files (hex ids)."""
         who.require(repo, "read")
-        body = await read_model(request, LocalReads, MAX_BYTES)
-        try:
-            ids = [bytes.fromhex(h) for h in body.ids]
-        except ValueError:
-            raise BadRequest("ids are chunk ids: 64 hex digits each") from None
-        if any(len(cid) != 32 for cid in ids):
-            raise BadRequest("ids are chunk ids: 64 hex digits each")
+        ids = hex_ids((await read_chunk_ids(request)).ids, MAX_IDS)
         await anyio.to_thread.run_sync(touch, ids)
         return Response(status_code=204)
 

@@ -43,6 +43,14 @@ def read_all(cache: PackCache, items: list[tuple[bytes, bytes]]) -> dict[bytes, 
     return {cid: bytes(buf) for cid, buf in bufs if cid in served}
 
 
+def filled(root, items: list[tuple[bytes, bytes]], budget: int = 64 * MiB) -> PackCache:
+    """A cache in ``root`` holding ``items`` (its last pack still being written)."""
+    cache = PackCache(str(root), budget, verify)
+    for cid, data in items:
+        cache.put(cid, data)
+    return cache
+
+
 def test_chunks_come_back_whole_and_checked_in_one_request(tmp_path) -> None:
     cache = PackCache(str(tmp_path), 64 * MiB, verify)
     items = chunks(40, seed=1) + chunks(3, size=200 * KiB, seed=2)
@@ -68,9 +76,7 @@ def test_chunks_come_back_whole_and_checked_in_one_request(tmp_path) -> None:
 
 def test_a_restart_keeps_every_chunk_whether_closed_or_not(tmp_path) -> None:
     items = chunks(64, seed=5)
-    cache = PackCache(str(tmp_path), 16 * MiB, verify)  # packs of 1 MiB: several sealed, one open
-    for cid, data in items:
-        cache.put(cid, data)
+    filled(tmp_path, items, 16 * MiB)  # packs of 1 MiB: several sealed, one open
     assert len(pack_files(tmp_path)) > 2
     # Not closed (a crash): the open pack has no index and is scanned.
     again = PackCache(str(tmp_path), 16 * MiB, verify)
@@ -84,9 +90,7 @@ def test_a_restart_keeps_every_chunk_whether_closed_or_not(tmp_path) -> None:
 
 def test_a_torn_record_at_the_end_is_cut_off(tmp_path) -> None:
     items = chunks(5, seed=6)
-    cache = PackCache(str(tmp_path), 64 * MiB, verify)
-    for cid, data in items:
-        cache.put(cid, data)
+    filled(tmp_path, items)
     (last,) = pack_files(tmp_path)
     whole = os.path.getsize(last)
     torn, data = chunks(1, seed=7)[0]
@@ -101,10 +105,7 @@ def test_a_torn_record_at_the_end_is_cut_off(tmp_path) -> None:
 
 def test_an_index_that_does_not_fit_its_pack_is_rebuilt_from_the_headers(tmp_path) -> None:
     items = chunks(8, seed=8)
-    cache = PackCache(str(tmp_path), 64 * MiB, verify)
-    for cid, data in items:
-        cache.put(cid, data)
-    cache.close()
+    filled(tmp_path, items).close()
     (pack,) = pack_files(tmp_path)
     with open(pack[: -len("pack")] + "idx", "r+b") as f:
         f.truncate(17)  # not a whole number of index records
@@ -117,9 +118,7 @@ def test_an_index_that_does_not_fit_its_pack_is_rebuilt_from_the_headers(tmp_pat
 
 def test_a_damaged_chunk_is_dropped_counted_and_cached_again(tmp_path) -> None:
     items = chunks(6, seed=9)
-    cache = PackCache(str(tmp_path), 64 * MiB, verify)
-    for cid, data in items:
-        cache.put(cid, data)
+    cache = filled(tmp_path, items)
     (pack,) = pack_files(tmp_path)
     victim = 3
     at = (HEADER.size + 64 * KiB) * victim + HEADER.size + 1000
@@ -143,10 +142,8 @@ def test_a_damaged_chunk_is_dropped_counted_and_cached_again(tmp_path) -> None:
 
 def test_the_budget_holds_and_eviction_goes_by_pack(tmp_path) -> None:
     budget = 8 * MiB  # packs of 1 MiB (15 chunks of 64 KiB), a window of 1 MiB
-    cache = PackCache(str(tmp_path), budget, verify)
     hot = chunks(15, seed=10)
-    for cid, data in hot:
-        cache.put(cid, data)
+    cache = filled(tmp_path, hot, budget)
     for i in range(12):  # 12 more packs' worth; the first pack is read between them
         for cid, data in chunks(15, seed=100 + i):
             cache.put(cid, data)

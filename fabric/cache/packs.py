@@ -123,22 +123,25 @@ class PackCache:
     def _load(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
         self._remove_chunk_files()
+        names = set(os.listdir(self.dir))
         numbers = []
-        for name in os.listdir(self.dir):
+        for name in names:
             stem, _, ext = name.partition(".")
             if ext == "pack" and stem.isdigit():
                 numbers.append(int(stem))
-            elif not (ext == "idx" and stem.isdigit() and os.path.exists(self._path(int(stem)))):
+            elif not (ext == "idx" and f"{stem}.pack" in names):
                 os.unlink(os.path.join(self.dir, name))  # a temporary, or an index without its pack
         for number in sorted(numbers):
-            records = self._read_index(number)
+            size = os.path.getsize(self._path(number))
+            records = self._read_index(number, size)
             if records is None:
-                records = self._scan(number)
+                records = self._scan(number, size)
                 if not records:
                     os.unlink(self._path(number))
                     continue
                 self._write_index(number, records)
-            pack = _Pack(number, os.path.getsize(self._path(number)), [cid for cid, _, _ in records])
+                size = records[-1][1] + records[-1][2]  # where the scan cut a torn tail off
+            pack = _Pack(number, size, [cid for cid, _, _ in records])
             self._packs[number] = pack
             for cid, off, n in records:  # a later pack's copy of a chunk wins
                 self._index[cid] = (number, off, n)
@@ -155,14 +158,13 @@ class PackCache:
         if old:
             log.info("cache directory %s: removed the chunk files of an older layout (chunks now live in packs)", self.root)
 
-    def _read_index(self, number: int) -> list[tuple[bytes, int, int]] | None:
-        """A pack's ``.idx``, or None when it is missing or does not fit the pack."""
+    def _read_index(self, number: int, size: int) -> list[tuple[bytes, int, int]] | None:
+        """A pack's ``.idx``, or None when it is missing or does not fit the pack (of ``size`` bytes)."""
         try:
             with open(self._path(number, "idx"), "rb") as f:
                 raw = f.read()
         except FileNotFoundError:
             return None
-        size = os.path.getsize(self._path(number))
         if len(raw) % INDEX_RECORD.size:
             return None
         records = [(bytes(cid), off, n) for cid, off, n in INDEX_RECORD.iter_unpack(raw)]
@@ -170,13 +172,11 @@ class PackCache:
             return None
         return records
 
-    def _scan(self, number: int) -> list[tuple[bytes, int, int]]:
-        """Walk a pack's record headers; cut off a torn record at its end."""
-        path = self._path(number)
+    def _scan(self, number: int, size: int) -> list[tuple[bytes, int, int]]:
+        """Walk the record headers of a pack of ``size`` bytes; cut off a torn record at its end."""
         records = []
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(self._path(number), os.O_RDWR)
         try:
-            size = os.fstat(fd).st_size
             off = 0
             while off + HEADER.size <= size:
                 magic, n, cid = HEADER.unpack(os.pread(fd, HEADER.size, off))
@@ -302,7 +302,7 @@ class PackCache:
         os.close(self._fd)
         self._fd = -1
         with self._lock:
-            records = [(cid, *self._index[cid][1:]) for cid in pack.ids if self._index.get(cid, (None,))[0] == pack.number]
+            records = [(cid, *self._index[cid][1:]) for cid in pack.ids if self._in_pack(cid, pack.number)]
         self._write_index(pack.number, records)
         with self._lock:
             self._open = None
@@ -326,6 +326,11 @@ class PackCache:
         while self.used > self.budget and (self._main or self._window):
             self._evict(self._main if self._main else self._window, next(iter(self._main or self._window)))
 
+    def _in_pack(self, cid: bytes, number: int) -> bool:
+        """Whether the index places ``cid`` in pack ``number`` (a later copy elsewhere wins; with ``_lock`` held)."""
+        loc = self._index.get(cid)
+        return loc is not None and loc[0] == number
+
     def _dead(self, number: int) -> bool:
         return self._clock - self._packs[number].last > DEAD_AFTER_BUDGETS * self.budget
 
@@ -342,7 +347,7 @@ class PackCache:
         """Forget a pack that is in no segment any more, and delete its files."""
         del self._packs[pack.number]
         for cid in pack.ids:
-            if self._index.get(cid, (None,))[0] == pack.number:
+            if self._in_pack(cid, pack.number):
                 del self._index[cid]
         for ext in ("pack", "idx"):
             try:
@@ -418,7 +423,7 @@ class PackCache:
 
     def _drop_damaged(self, cid: bytes, number: int) -> None:
         with self._lock:
-            if self._index.get(cid, (None,))[0] != number:
+            if not self._in_pack(cid, number):
                 return
             del self._index[cid]
             self.corruptions += 1
