@@ -72,6 +72,10 @@ BATCH = 256
 EARLY_BATCH = 2048
 #: Packs (of half the target pack size) uploaded to the hub at once by the flusher.
 PUSH_DEPTH = 3
+#: Rounds of early chunks follow one another without a pause for this long (seconds): the
+#: next round's question goes while the last round's packs are still on the link. Then the
+#: flusher turns to the branches' queued writes before it sends more early chunks.
+EARLY_CHAIN_SECONDS = 10.0
 #: How long uploaded chunks stay pinned waiting for an entry that uses them.
 UPLOAD_HOLD = 3600.0
 #: Backoff of a branch whose writes fail transiently: first and longest wait.
@@ -453,27 +457,37 @@ class WriteBack:
         self._unpin_unneeded(expired)
 
     def _send_early_batch(self) -> None:
-        with self._lock:
-            batch = [self._early[i] for i in range(min(EARLY_BATCH, len(self._early)))]
-        if not batch:
-            return
-        by_repo: dict[str, list[bytes]] = {}
-        for repo, cid in batch:
-            by_repo.setdefault(repo, []).append(cid)
+        """Push the early chunks queued, a round (one question to the hub, up to
+        :data:`EARLY_BATCH` chunks) after another, for up to :data:`EARLY_CHAIN_SECONDS`. All
+        rounds share one set of :data:`PUSH_DEPTH` uploads, so the question of the next round
+        (chunks that came in meanwhile) goes while the last packs of this one are still on the
+        link: waiting for them first would leave the link idle for a round trip and the time
+        to fill it again."""
+        taken: list[tuple[str, bytes]] = []
+        sent = 0
+        until = time.monotonic() + EARLY_CHAIN_SECONDS
         try:
-            with self.traffic.purpose(PUSH):
-                sent = sum(
-                    self._push_chunks(repo, ids, skip_absent=True, landed=lambda pack, r=repo: self._early_landed(r, pack))
-                    for repo, ids in by_repo.items()
-                )
+            with self.traffic.purpose(PUSH), Inflight(PUSH_DEPTH, "writeback-push") as uploads:
+                while not self._stop.is_set() and (not taken or time.monotonic() < until):
+                    with self._lock:
+                        batch = [self._early[i] for i in range(len(taken), min(len(taken) + EARLY_BATCH, len(self._early)))]
+                    if not batch:
+                        break
+                    taken += batch
+                    by_repo: dict[str, list[bytes]] = {}
+                    for repo, cid in batch:
+                        by_repo.setdefault(repo, []).append(cid)
+                    for repo, ids in by_repo.items():
+                        landed = functools.partial(self._early_landed, repo)
+                        sent += self._push_chunks(repo, ids, skip_absent=True, landed=landed, uploads=uploads)
         except FabricError as exc:
             if is_permanent(exc):  # best effort: their entries, when queued, push them again
-                log.warning("write-back: %d chunk(s) not sent on early: %s", len(batch), exc.message)
-                self._done_early(batch)
+                log.warning("write-back: %d chunk(s) not sent on early: %s", len(taken), exc.message)
+                self._done_early(taken)
             raise
-        self._done_early(batch)
+        self._done_early(taken)
         self.early_sent += sent
-        self._unpin_unneeded(cid for _, cid in batch)  # those the hub had already
+        self._unpin_unneeded(cid for _, cid in taken)  # those the hub had already
 
     def _early_landed(self, repo: str, ids: list[bytes]) -> None:
         """A pack of early chunks is at the hub (whose gc spares new chunks for hours): they
@@ -493,28 +507,37 @@ class WriteBack:
                 self._early.popleft()
 
     def _push_chunks(
-        self, repo: str, ids: list[bytes], skip_absent: bool = False, landed: Callable[[list[bytes]], None] | None = None
+        self,
+        repo: str,
+        ids: list[bytes],
+        skip_absent: bool = False,
+        landed: Callable[[list[bytes]], None] | None = None,
+        uploads: Inflight | None = None,
     ) -> int:
         """Upload the chunks of ``ids`` the hub lacks as chunks of ``repo``, from the cache;
         how many were sent. :data:`PUSH_DEPTH` packs are on the link at once: one at a time
         would leave it idle for a round trip and the hub's time on each pack. ``landed`` is
-        called (from an upload thread) with the ids of each pack the hub took."""
+        called (from an upload thread) with the ids of each pack the hub took. With
+        ``uploads`` (the caller's), the packs go through it and may still be on the link when
+        this returns; otherwise this returns once the hub has them all."""
+        if uploads is None:
+            with Inflight(PUSH_DEPTH, "writeback-push") as own:
+                return self._push_chunks(repo, ids, skip_absent, landed, own)
         sent = 0
-        with Inflight(PUSH_DEPTH, "writeback-push") as uploads:
-            builder = packs.PackBuilder()
-            for cid in self.upstream.missing_chunks(ids, repo=repo) if ids else []:
-                frame = self.cache.get(cid)
-                if frame is None and skip_absent:
-                    continue
-                if frame is None:
-                    raise Unavailable(f"queued chunk {cid.hex()} is missing from the spoke cache")
-                sent += 1
-                builder.add(cid, frame)
-                if builder.size >= packs.TARGET_SIZE // 2:
-                    uploads.submit(functools.partial(self._upload_pack, repo, builder, landed))
-                    builder = packs.PackBuilder()
-            if len(builder):
+        builder = packs.PackBuilder()
+        for cid in self.upstream.missing_chunks(ids, repo=repo) if ids else []:
+            frame = self.cache.get(cid)
+            if frame is None and skip_absent:
+                continue
+            if frame is None:
+                raise Unavailable(f"queued chunk {cid.hex()} is missing from the spoke cache")
+            sent += 1
+            builder.add(cid, frame)
+            if builder.size >= packs.TARGET_SIZE // 2:
                 uploads.submit(functools.partial(self._upload_pack, repo, builder, landed))
+                builder = packs.PackBuilder()
+        if len(builder):
+            uploads.submit(functools.partial(self._upload_pack, repo, builder, landed))
         return sent
 
     def _upload_pack(self, repo: str, builder: packs.PackBuilder, landed: Callable[[list[bytes]], None] | None) -> None:

@@ -34,11 +34,13 @@ class HeldHub:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.running = self.peak = 0
+        self.running = self.peak = self.questions = 0
         self.landed: list[list[bytes]] = []
         self.gate = threading.Semaphore(0)
 
     def missing_chunks(self, ids: Sequence[bytes], repo: str | None = None) -> list[bytes]:
+        with self.lock:
+            self.questions += 1
         return list(ids)
 
     def receive_pack(self, data: bytes, durability: str | None = None, repo: str | None = None) -> tuple[int, int]:
@@ -117,3 +119,24 @@ def test_a_restart_before_a_pack_lands_sends_only_what_had_not_landed(pushing, t
         assert again.pinned_chunks() == set(ids) - landed
     finally:
         again.stop()
+
+
+@pytest.mark.parametrize("chained", [True, False])
+def test_the_next_rounds_question_goes_while_the_last_rounds_packs_are_on_the_link(pushing, monkeypatch, chained) -> None:
+    """Rounds of two packs, three packs in flight at most: the third place goes to the next round
+    at once, not after the first round has landed (unless chaining is off)."""
+    wb, cache, hub, ids = pushing
+    monkeypatch.setattr(writeback, "EARLY_BATCH", 2 * PER_PACK)
+    monkeypatch.setattr(writeback, "EARLY_CHAIN_SECONDS", 60.0 if chained else 0.0)
+    wb.send_early("r", ids)
+    if chained:
+        wait_for(lambda: hub.running == PUSH_DEPTH)
+        assert hub.questions >= 2 and not hub.landed, "the second round was asked before the first landed"
+    else:
+        wait_for(lambda: hub.running == 2)
+        time.sleep(0.3)
+        assert (hub.running, hub.questions, hub.landed) == (2, 1, []), "a round waits for the last one to land"
+    hub.release(100)
+    wait_for(lambda: pinned(cache) == 0)
+    assert sorted(c for pack in hub.landed for c in pack) == sorted(ids), "each chunk sent exactly once"
+    assert wb.pinned_chunks() == set()

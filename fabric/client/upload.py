@@ -9,7 +9,8 @@ time on the link) in series with reading and hashing the files: at 50 ms RTT a
 :class:`PipelinedSink` takes the chunks offered to it in batches and hands each
 batch to a few background threads, which ask the question, frame (compress) the
 chunks the server lacks and upload the packs, while the caller reads on. Memory is
-bounded: at most :data:`DEPTH` batches of :data:`BATCH_BYTES` are held, and a
+bounded: at most :data:`DEPTH` batches of :data:`BATCH_BYTES` are held (the first
+batches are smaller: a slow start, so that the first pack is uploaded early), and a
 caller that gets further ahead waits for a batch to finish. The first error of a
 background batch is raised by the next :meth:`~PipelinedSink.add` or by
 :meth:`~PipelinedSink.close`; nothing is committed by a sink, so a failed import
@@ -26,6 +27,9 @@ from fabric.util.inflight import Inflight
 
 #: Raw bytes of chunks per background batch (one question to the server each).
 BATCH_BYTES = 8 * 1024 * 1024
+#: The first batch's bytes; each next batch doubles them, up to :data:`BATCH_BYTES`, so that the
+#: first chunks are on their way while the caller is still cutting the rest.
+FIRST_BATCH_BYTES = 1024 * 1024
 #: Batches in flight at once: while one thread uploads a pack, others ask and compress.
 DEPTH = 3
 
@@ -40,10 +44,14 @@ class PipelinedSink:
     are final once :meth:`close` returns. Safe to use from many threads.
     """
 
-    def __init__(self, session: PackSession, batch_bytes: int = BATCH_BYTES, depth: int = DEPTH) -> None:
-        """``session``: the sink the background batches feed (it asks, frames and delivers)."""
+    def __init__(
+        self, session: PackSession, batch_bytes: int = BATCH_BYTES, depth: int = DEPTH, first_batch_bytes: int = FIRST_BATCH_BYTES
+    ) -> None:
+        """``session``: the sink the background batches feed (it asks, frames and delivers); the
+        first batch holds ``first_batch_bytes``, each next one twice the last, up to ``batch_bytes``."""
         self._session = session
-        self._batch_bytes = batch_bytes
+        self._max_batch_bytes = batch_bytes
+        self._batch_bytes = min(first_batch_bytes, batch_bytes)
         self._lock = threading.Lock()
         self._offered: set[bytes] = set()
         self._batch: list[tuple[bytes, bytes]] = []
@@ -103,6 +111,7 @@ class PipelinedSink:
 
     def _take_batch(self) -> list[tuple[bytes, bytes]]:
         batch, self._batch, self._pending = self._batch, [], 0
+        self._batch_bytes = min(2 * self._batch_bytes, self._max_batch_bytes)
         return batch
 
     def _dispatch(self, batch: list[tuple[bytes, bytes]]) -> None:

@@ -240,10 +240,14 @@ class PackSession:
         missing: Callable[[Sequence[bytes]], list[bytes]],
         deliver: Callable[[packs.PackBuilder], None],
         target_size: int,
+        first_size: int | None = None,
     ) -> None:
+        """``first_size``: the first pack is delivered at this size, and each next one at twice
+        the last, up to ``target_size`` (a slow start: the first bytes reach a link sooner)."""
         self._missing = missing
         self._deliver = deliver
         self.target = target_size
+        self._next_size = min(first_size or target_size, target_size)
         self._builder = packs.PackBuilder()
         self._taken: set[bytes] = set()
         self._lock = threading.Lock()
@@ -305,8 +309,9 @@ class PackSession:
             self.new_chunks += 1
             self.new_bytes += len(raw)
             self.stored_bytes += len(frame)
-            if self._builder.size >= self.target:
+            if self._builder.size >= self._next_size:
                 full, self._builder = self._builder, packs.PackBuilder()
+                self._next_size = min(2 * self._next_size, self.target)
         if full is not None:
             self._deliver(full)
 
