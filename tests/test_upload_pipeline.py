@@ -98,6 +98,31 @@ def test_the_caller_does_not_wait_on_a_question_until_the_pipeline_is_full():
     assert len(server.stored) == 12
 
 
+def test_the_first_batches_and_packs_are_small_and_double_up_to_their_full_size():
+    """A slow start: the first question and the first pack go out after a few chunks, not a full batch."""
+    server = _Server()
+    asked: list[int] = []
+    packed: list[int] = []
+
+    def missing(ids):
+        asked.append(len(ids))
+        return server.missing(ids)
+
+    def deliver(builder: packs.PackBuilder) -> None:
+        packed.append(len(builder))
+        server.deliver(builder)
+
+    frame = 4 * KIB + frames.HEADER_LEN  # a frame of 4 KiB of random bytes (stored raw)
+    session = PackSession(missing, deliver, 16 * frame, first_size=2 * frame)
+    sink = PipelinedSink(session, batch_bytes=64 * KIB, depth=1, first_batch_bytes=8 * KIB)
+    chunks = _chunks(64)
+    _offer(sink, chunks)
+    sink.close()
+    assert asked == [2, 4, 8, 16, 16, 16, 2]  # chunks of 4 KiB: 8 KiB, 16 KiB, 32 KiB, then 64 KiB
+    assert packed == [2, 4, 8, 16, 16, 16, 2]
+    assert set(server.stored) == {cid for cid, _ in chunks}
+
+
 def test_an_error_of_a_background_batch_is_raised_and_nothing_more_is_sent():
     server = _Server()
     server.fail = RuntimeError("the hub refused")
