@@ -546,16 +546,20 @@ class SpokePlane(DataPlane):
 
     def _pin_frames(self, repo: str, pack: bytes, chunks: Sequence[packs.PackedChunk]) -> int:
         """Keep a pack's frames (chunks of ``repo``) pinned (and on disk for good) in the cache
-        until the queued writes that use them reach the hub, and start sending them there;
-        how many were new here."""
-        new = self._pin(repo, pack, chunks)
-        self.writeback.send_early(repo, [c.id for c in chunks])
-        return new
+        until the queued writes that use them reach the hub, and start sending them there as
+        soon as they are written, while the cache makes them durable (a push of chunks the
+        spoke then fails to keep is harmless: the client is not answered and sends them
+        again); how many were new here."""
+        return self._pin(repo, pack, chunks, written=lambda: self.writeback.send_early(repo, [c.id for c in chunks]))
 
-    def _pin(self, repo: str, pack: bytes, chunks: Sequence[packs.PackedChunk]) -> int:
+    def _pin(
+        self, repo: str, pack: bytes, chunks: Sequence[packs.PackedChunk], written: Callable[[], None] | None = None
+    ) -> int:
         """Pin a verified pack's frames as chunks of ``repo``, waiting up to ``full_wait`` for
-        room; how many were new here."""
-        new = self.chunk_cache.put_pinned(((c.id, pack[c.offset : c.offset + c.length]) for c in chunks), wait=self.full_wait)
+        room; how many were new here. ``written``: as for :meth:`DiskCache.put_pinned`."""
+        new = self.chunk_cache.put_pinned(
+            ((c.id, pack[c.offset : c.offset + c.length]) for c in chunks), wait=self.full_wait, written=written
+        )
         self.ownership.learn(repo, (c.id for c in chunks))
         return new
 

@@ -361,3 +361,41 @@ def test_scrub_reads_without_counting_and_tells_damage_from_a_blob_gone(tmp_path
     cache.drop(key("a"))  # evicted between fsck's listing and its read
     assert cache.scrub(key("a")) is None
     assert cache.stats()["cache_corruptions"] == 1
+
+
+def test_a_pinned_batch_is_readable_before_the_sync_that_makes_it_durable(tmp_path, monkeypatch) -> None:
+    """``written`` runs once every blob of the batch can be read, and before the file system's sync."""
+    from fabric.cache import disk
+
+    events: list[str] = []
+    monkeypatch.setattr(disk, "sync_filesystem", lambda path: events.append("sync"))
+    cache = DiskCache(str(tmp_path / "c"), 1 << 20)
+    blobs = [(os.urandom(32), os.urandom(1000)) for _ in range(8)]
+
+    def written() -> None:
+        assert all(cache.get(k) == data for k, data in blobs), "a blob of the batch is not readable yet"
+        events.append("written")
+
+    assert cache.put_pinned(blobs, written=written) == 8
+    assert events == ["written", "sync"]
+
+
+def test_a_pinned_batch_whose_sync_fails_pins_nothing_and_leaves_no_file(tmp_path, monkeypatch) -> None:
+    import errno
+
+    from fabric.cache import disk
+
+    def failing_sync(path: str) -> None:
+        raise OSError(errno.EIO, "syncfs failed")
+
+    monkeypatch.setattr(disk, "sync_filesystem", failing_sync)
+    cache = DiskCache(str(tmp_path / "c"), 1 << 20)
+    before = (os.urandom(32), os.urandom(1000))
+    cache.put(*before)  # cached before, unpinned: stays cached
+    blobs = [before, *((os.urandom(32), os.urandom(1000)) for _ in range(8))]
+    with pytest.raises(OSError, match="syncfs failed"):
+        cache.put_pinned(blobs, written=lambda: None)
+    assert cache.stats()["cache_pinned_bytes"] == 0
+    assert all(k not in cache for k, _ in blobs[1:])
+    assert not any(os.path.exists(cache.file(k)) for k, _ in blobs[1:]), "a forgotten blob left its file"
+    assert cache.get(before[0]) == before[1]

@@ -19,7 +19,7 @@ from fabric.client.http import HttpPlane
 from fabric.client.upload import PipelinedSink
 from fabric.format import frames, packs
 from fabric.format.chunking import chunk_id
-from fabric.format.ingest import PackSession
+from fabric.format.ingest import Boundaries, PackSession
 from tests.hubserver import Hub
 
 KIB = 1024
@@ -99,7 +99,9 @@ def test_the_caller_does_not_wait_on_a_question_until_the_pipeline_is_full():
 
 
 def test_the_first_batches_and_packs_are_small_and_double_up_to_their_full_size():
-    """A slow start: the first question and the first pack go out after a few chunks, not a full batch."""
+    """A slow start: the first question and the first pack go out after a few chunks, not a full
+    batch; each batch or pack is as large as all before it, so from the full size on they end
+    where full-size ones would."""
     server = _Server()
     asked: list[int] = []
     packed: list[int] = []
@@ -118,10 +120,21 @@ def test_the_first_batches_and_packs_are_small_and_double_up_to_their_full_size(
     chunks = _chunks(64)
     _offer(sink, chunks)
     sink.close()
-    assert asked == [2, 4, 8, 16, 16, 16, 2]  # chunks of 4 KiB: 8 KiB, 16 KiB, 32 KiB, then 64 KiB
-    assert packed == [2, 4, 8, 16, 16, 16, 2]
+    assert asked == [2, 2, 4, 8, 16, 16, 16]  # chunks of 4 KiB: 8, 8, 16, 32, then 64 KiB (ends at 64, 128, 192 KiB)
+    assert packed == [2, 2, 4, 8, 16, 16, 16]  # each as large as all before it: full packs end at 16, 32, 48
     assert set(server.stored) == {cid for cid, _ in chunks}
 
+
+def test_the_boundaries_of_a_slow_start_do_not_drift_with_pieces_that_overshoot_them():
+    ends = Boundaries(2, 16)
+    passed, filling, at = 0, 0, []
+    for _ in range(22):  # items of 3 units: each piece overshoots its boundary
+        filling += 3
+        if ends.reached(filling):
+            passed += filling
+            filling = 0
+            at.append(passed)
+    assert at == [3, 6, 9, 18, 33, 48, 66]  # the first end at or past 2, 4, 8, 16, 32, 48, 64
 
 def test_an_error_of_a_background_batch_is_raised_and_nothing_more_is_sent():
     server = _Server()

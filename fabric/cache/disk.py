@@ -254,20 +254,27 @@ class DiskCache:
             return True
         return self._store(key, data)
 
-    def put_pinned(self, blobs: Iterable[tuple[bytes, bytes]], wait: float = 0.0) -> int:
+    def put_pinned(
+        self, blobs: Iterable[tuple[bytes, bytes]], wait: float = 0.0, written: Callable[[], None] | None = None
+    ) -> int:
         """Pin a batch of blobs, on disk for good when this returns: one sync of the file
         system for the batch, not an fsync per blob. How many were not cached before.
+        ``written`` is called once the batch's files are written and readable, before that
+        sync (which waits for every writer's dirty pages on the file system).
 
         When the batch cannot fit beside what is pinned, wait up to ``wait`` seconds for
         blobs to be unpinned (back-pressure: the writer is slowed to the pace at which
         pinned blobs are released), then CacheFull. All or nothing: CacheFull, a full disk
         (StorageFull) and the OSError of a blob that cannot be written or synced leave none
         of the batch pinned (blobs cached before stay cached, unpinned)."""
-        return self._pin_batch(dict(blobs), durable=False, wait=wait)
+        return self._pin_batch(dict(blobs), durable=False, wait=wait, written=written)
 
-    def _pin_batch(self, batch: dict[bytes, bytes], durable: bool, wait: float = 0.0) -> int:
+    def _pin_batch(
+        self, batch: dict[bytes, bytes], durable: bool, wait: float = 0.0, written: Callable[[], None] | None = None
+    ) -> int:
         """Reserve and pin the whole batch under the lock, then write its files; ``durable``
-        fsyncs each file, else one sync of the file system covers the batch."""
+        fsyncs each file, else one sync of the file system covers the batch (``written`` is
+        called before it)."""
         deadline = time.monotonic() + wait
         with self._lock:
             while True:
@@ -293,18 +300,28 @@ class DiskCache:
             for key in to_write:
                 self._writing[key] = self._writing.get(key, 0) + 1
             self._make_room(0)  # unpinned blobs make way; their files go before the new ones are written
+        files_done = False
         try:
             for key in to_write:
                 self._write(key, batch[key], durable)
+            self._written(to_write)  # readable from here on
+            files_done = True
+            if written is not None:
+                written()
             if not durable:
                 sync_filesystem(self.root)
         except BaseException as exc:
             self._unpin_failed(fresh, promoted)
+            if files_done:  # the files of the blobs just forgotten go too
+                with self._lock:
+                    for key in to_write:
+                        self._unlink_unindexed(key)
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StorageFull(f"the cache's disk is full: {len(batch)} blobs that must be kept were not written") from exc
             raise
         finally:
-            self._written(to_write)
+            if not files_done:
+                self._written(to_write)
         return len(fresh)
 
     def _unpin_failed(self, fresh: list[bytes], promoted: list[bytes]) -> None:
@@ -358,8 +375,12 @@ class DiskCache:
                 # A blob evicted while it was written kept its bytes reserved until now; one evicted
                 # or dropped meanwhile (and not cached again) leaves no file behind.
                 self._doomed_bytes -= self._doomed.pop(key, 0)
-                if not (key in self._window or key in self._main or key in self._pinned or key in self._held):
-                    self._unlink(key)
+                self._unlink_unindexed(key)
+
+    def _unlink_unindexed(self, key: bytes) -> None:
+        """Under the lock: remove ``key``'s file unless the cache holds the blob or a writer is writing it."""
+        if not (key in self._window or key in self._main or key in self._pinned or key in self._held or key in self._writing):
+            self._unlink(key)
 
     def pin(self, key: bytes) -> bool:
         """Pin a cached blob; False when it is not cached."""

@@ -55,8 +55,8 @@ if TYPE_CHECKING:
 
 #: Packs sent over the network are smaller than stored ones, so a failed upload costs less.
 UPLOAD_PACK_SIZE = 16 * 1024 * 1024
-#: A sink's first pack; each next one is twice the last, up to UPLOAD_PACK_SIZE (a slow start:
-#: the server, and a spoke's push to its hub, get the first chunks sooner).
+#: A sink's first pack; each next one is as large as all before it, up to UPLOAD_PACK_SIZE (a slow
+#: start: the server, and a spoke's push to its hub, get the first chunks sooner).
 UPLOAD_FIRST_PACK_SIZE = 2 * 1024 * 1024
 #: Ids per ``/chunks/missing`` and ``/chunks/frames`` request (servers take at most 10,000).
 MISSING_BATCH = 10_000

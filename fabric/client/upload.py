@@ -22,13 +22,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from fabric.format.ingest import PackSession
+from fabric.format.ingest import Boundaries, PackSession
 from fabric.util.inflight import Inflight
 
 #: Raw bytes of chunks per background batch (one question to the server each).
 BATCH_BYTES = 8 * 1024 * 1024
-#: The first batch's bytes; each next batch doubles them, up to :data:`BATCH_BYTES`, so that the
-#: first chunks are on their way while the caller is still cutting the rest.
+#: The first batch's bytes: batches end at this many bytes offered in all, then twice that and so on
+#: up to :data:`BATCH_BYTES`, then at its multiples (:class:`~fabric.format.ingest.Boundaries`), so
+#: that the first chunks are on their way while the caller is still cutting the rest.
 FIRST_BATCH_BYTES = 1024 * 1024
 #: Batches in flight at once: while one thread uploads a pack, others ask and compress.
 DEPTH = 3
@@ -48,10 +49,9 @@ class PipelinedSink:
         self, session: PackSession, batch_bytes: int = BATCH_BYTES, depth: int = DEPTH, first_batch_bytes: int = FIRST_BATCH_BYTES
     ) -> None:
         """``session``: the sink the background batches feed (it asks, frames and delivers); the
-        first batch holds ``first_batch_bytes``, each next one twice the last, up to ``batch_bytes``."""
+        batches start at ``first_batch_bytes`` and grow to ``batch_bytes`` (:data:`FIRST_BATCH_BYTES`)."""
         self._session = session
-        self._max_batch_bytes = batch_bytes
-        self._batch_bytes = min(first_batch_bytes, batch_bytes)
+        self._ends = Boundaries(first_batch_bytes, batch_bytes)
         self._lock = threading.Lock()
         self._offered: set[bytes] = set()
         self._batch: list[tuple[bytes, bytes]] = []
@@ -81,7 +81,7 @@ class PipelinedSink:
         with self._lock:
             self._batch.append((cid, bytes(raw)))  # the caller may reuse its buffer
             self._pending += len(raw)
-            batch = self._take_batch() if self._pending >= self._batch_bytes else None
+            batch = self._take_batch() if self._ends.reached(self._pending) else None
         if batch:
             self._dispatch(batch)
 
@@ -111,7 +111,6 @@ class PipelinedSink:
 
     def _take_batch(self) -> list[tuple[bytes, bytes]]:
         batch, self._batch, self._pending = self._batch, [], 0
-        self._batch_bytes = min(2 * self._batch_bytes, self._max_batch_bytes)
         return batch
 
     def _dispatch(self, batch: list[tuple[bytes, bytes]]) -> None:

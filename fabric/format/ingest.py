@@ -220,6 +220,26 @@ def file_entry(
     return Entry(FILE, sum(n for _, n in chunks), mode, mtime_ns, md5=md5, chunks=tuple(chunks), meta=dict(meta or {}))
 
 
+class Boundaries:
+    """Where the pieces of a stream end, by the bytes passed in all: at ``first``, then twice
+    that and so on up to ``full``, then at each multiple of ``full`` (a slow start that keeps
+    the boundaries of pieces of the full size). Not thread-safe."""
+
+    def __init__(self, first: int, full: int) -> None:
+        self._full = full
+        self._next = min(first, full)
+        self._passed = 0  # bytes of the pieces ended so far
+
+    def reached(self, size: int) -> bool:
+        """Whether the piece being filled, now ``size`` bytes, ends here (then the next begins)."""
+        if self._passed + size < self._next:
+            return False
+        self._passed += size
+        while self._next <= self._passed:
+            self._next = min(2 * self._next, self._full) if self._next < self._full else self._next + self._full
+        return True
+
+
 class PackSession:
     """A :class:`ChunkSink` that frames new chunks into packs and hands each full pack on.
 
@@ -242,12 +262,14 @@ class PackSession:
         target_size: int,
         first_size: int | None = None,
     ) -> None:
-        """``first_size``: the first pack is delivered at this size, and each next one at twice
-        the last, up to ``target_size`` (a slow start: the first bytes reach a link sooner)."""
+        """``first_size``: a slow start. Packs end where the bytes delivered in all reach
+        ``first_size``, then twice that, and so on up to ``target_size``, then each multiple of
+        ``target_size``: the first bytes reach a link sooner, and from there on packs end where
+        packs of the full size would."""
         self._missing = missing
         self._deliver = deliver
         self.target = target_size
-        self._next_size = min(first_size or target_size, target_size)
+        self._ends = Boundaries(first_size or target_size, target_size)
         self._builder = packs.PackBuilder()
         self._taken: set[bytes] = set()
         self._lock = threading.Lock()
@@ -309,9 +331,8 @@ class PackSession:
             self.new_chunks += 1
             self.new_bytes += len(raw)
             self.stored_bytes += len(frame)
-            if self._builder.size >= self._next_size:
+            if self._ends.reached(self._builder.size):
                 full, self._builder = self._builder, packs.PackBuilder()
-                self._next_size = min(2 * self._next_size, self.target)
         if full is not None:
             self._deliver(full)
 
