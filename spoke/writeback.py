@@ -44,6 +44,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -470,7 +471,7 @@ class WriteBack:
             with self.traffic.purpose(PUSH), Inflight(PUSH_DEPTH, "writeback-push") as uploads:
                 while not self._stop.is_set() and (not taken or time.monotonic() < until):
                     with self._lock:
-                        batch = [self._early[i] for i in range(len(taken), min(len(taken) + EARLY_BATCH, len(self._early)))]
+                        batch = list(itertools.islice(self._early, len(taken), len(taken) + EARLY_BATCH))
                     if not batch:
                         break
                     taken += batch

@@ -300,28 +300,24 @@ class DiskCache:
             for key in to_write:
                 self._writing[key] = self._writing.get(key, 0) + 1
             self._make_room(0)  # unpinned blobs make way; their files go before the new ones are written
-        files_done = False
         try:
-            for key in to_write:
-                self._write(key, batch[key], durable)
-            self._written(to_write)  # readable from here on
-            files_done = True
+            try:
+                for key in to_write:
+                    self._write(key, batch[key], durable)
+            finally:
+                self._written(to_write)  # readable from here on
             if written is not None:
                 written()
             if not durable:
                 sync_filesystem(self.root)
         except BaseException as exc:
             self._unpin_failed(fresh, promoted)
-            if files_done:  # the files of the blobs just forgotten go too
-                with self._lock:
-                    for key in to_write:
-                        self._unlink_unindexed(key)
+            with self._lock:  # the files of the blobs just forgotten go too
+                for key in to_write:
+                    self._unlink_unindexed(key)
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StorageFull(f"the cache's disk is full: {len(batch)} blobs that must be kept were not written") from exc
             raise
-        finally:
-            if not files_done:
-                self._written(to_write)
         return len(fresh)
 
     def _unpin_failed(self, fresh: list[bytes], promoted: list[bytes]) -> None:

@@ -268,7 +268,6 @@ class PackSession:
         packs of the full size would."""
         self._missing = missing
         self._deliver = deliver
-        self.target = target_size
         self._ends = Boundaries(first_size or target_size, target_size)
         self._builder = packs.PackBuilder()
         self._taken: set[bytes] = set()
