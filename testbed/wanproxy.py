@@ -609,6 +609,12 @@ class WanProxy:
         started.set_result(None)
 
     def _accept(self) -> _Side:
+        # asyncio may run this for a connection it accepted just before the listener
+        # closed (stop or cut). Raising drops the socket at once; a transport built
+        # for a closed server would fail half-made and keep the socket open in a
+        # reference cycle until the garbage collector ran, so the client would hang.
+        if self._cut or self._stopping:
+            raise ConnectionAbortedError("the proxy is not accepting connections")
         return _Conn(self).client
 
     def _call(self, fn: Callable[[], Coroutine[Any, Any, None]], timeout: float = 10.0) -> None:
@@ -650,13 +656,14 @@ class WanProxy:
                     raise
                 await asyncio.sleep(0.05)
         assert self._loop is not None
+        self._cut = False  # before serving starts: connections accepted from now on are kept
         try:
             self._server = await self._loop.create_server(self._accept, sock=sock)
         except BaseException:
+            self._cut = True
             sock.close()
             raise
         self._close_placeholder()
-        self._cut = False
 
     def _close_placeholder(self) -> None:
         if self._placeholder is not None:

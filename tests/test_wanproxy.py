@@ -514,6 +514,22 @@ def test_stop_is_clean(echo_port: int) -> None:
         assert n == 5
 
 
+def test_stop_right_after_connects_leaves_no_client_hanging(echo_port: int) -> None:
+    """Connections the kernel has accepted while the proxy stops see an EOF or a
+    reset at once: none is left open until the garbage collector runs."""
+    for _ in range(60):
+        wan = WanProxy("127.0.0.1", echo_port, delay_ms_up=20, delay_ms_down=20).start()
+        clients = [_connect(wan.port) for _ in range(3)]
+        wan.stop()
+        for s in clients:
+            s.settimeout(3)
+            with pytest.raises((ConnectionError, AssertionError)):
+                while s.recv(MiB):
+                    pass
+                raise AssertionError("closed")
+            s.close()
+
+
 def test_invalid_arguments() -> None:
     with pytest.raises(ValueError):
         WanProxy("127.0.0.1", 1, delay_ms_up=-1)
