@@ -26,6 +26,9 @@ archive). Mount options: ro, durability=local|replicated|hub, cache-size=SIZE,
 commit-interval=SECONDS, commit-on-unmount. Tokens come from the CSI secrets
 (key "token"), never from command lines or logs.
 
+With --local-spoke URL=DIR, a volume whose nearest server is the spoke on this
+node reads the chunks that spoke holds straight from its cache directory.
+
 Each published volume is served by its own `fabric mount` process in a session
 of its own, recorded under --state-dir: a restarted driver adopts its mounts.
 With --mounter-socket the mount processes belong to `fabric csi mounter` (a
@@ -53,11 +56,29 @@ def _logging(level: str) -> None:
 @click.option("--node", is_flag=True, help="Serve the Node service (NodePublishVolume, NodeUnpublishVolume).")
 @click.option("--state-dir", default="/var/lib/fabric-csi", show_default=True, type=click.Path(file_okay=False), help="Records of published and created volumes (survives restarts).")
 @click.option("--mounter-socket", type=click.Path(dir_okay=False), help="Ask `fabric csi mounter` on this socket to mount and unmount (it owns the mount processes).")
+@click.option(
+    "--local-spoke",
+    "local_spokes",
+    multiple=True,
+    metavar="URL=DIR",
+    help="A spoke on this node: volumes whose nearest server is URL read the chunks it holds from its cache directory DIR (mounted read-only here and in the mounter), each checked against its id, instead of over HTTP. Repeatable.",
+)
 @click.option("--driver-name", default="csi.fabric.dev", show_default=True, help="The CSI driver name (the CSIDriver object's and StorageClass provisioner's).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.pass_context
 @handle_errors
-def csi(ctx: click.Context, endpoint: str, node_id: str | None, controller: bool, node: bool, state_dir: str, mounter_socket: str | None, driver_name: str, log_level: str) -> None:
+def csi(
+    ctx: click.Context,
+    endpoint: str,
+    node_id: str | None,
+    controller: bool,
+    node: bool,
+    state_dir: str,
+    mounter_socket: str | None,
+    local_spokes: tuple[str, ...],
+    driver_name: str,
+    log_level: str,
+) -> None:
     if ctx.invoked_subcommand is not None:
         return
     if not (controller or node):
@@ -65,13 +86,18 @@ def csi(ctx: click.Context, endpoint: str, node_id: str | None, controller: bool
     if node and not node_id:
         raise click.UsageError("--node needs --node-id (or NODE_NAME)")
     from csi.server import serve, unix_socket_path
+    from csi.volumes import VolumeError, parse_local_spoke
 
     try:
         unix_socket_path(endpoint)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--endpoint") from None
+    try:
+        spokes = dict(parse_local_spoke(value) for value in local_spokes)
+    except VolumeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--local-spoke") from None
     _logging(log_level)
-    serve(endpoint, node_id or "", state_dir, controller, node, _stop_event(), mounter_socket, driver_name)
+    serve(endpoint, node_id or "", state_dir, controller, node, _stop_event(), mounter_socket, driver_name, spokes)
 
 
 @csi.command("mounter")

@@ -25,7 +25,7 @@ import stat
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from csi.volumes import MountOptions, Volume
 from fabric.util.jsonfile import write_json
@@ -47,20 +47,27 @@ class SourceMissing(MountFailed):
 
 @dataclass(frozen=True)
 class PublishRequest:
-    """``volume`` (named ``volume_id`` by the CO) at ``target``, writable or not, with ``options``."""
+    """``volume`` (named ``volume_id`` by the CO) at ``target``, writable or not, with ``options``.
+
+    ``spoke_cache``: the cache directory of the spoke on this node that the volume's nearest
+    server is (``fabric csi --local-spoke``); the mount reads the chunks it holds from its files.
+    A node setting, not part of what the CO asked: a publish repeated with another one is the
+    same publish."""
 
     volume_id: str
     volume: Volume
     target: str
     writable: bool
     options: MountOptions
+    spoke_cache: str = field(default="", compare=False)
 
     def to_json(self) -> dict:
         return {**asdict(self), "volume": asdict(self.volume), "options": asdict(self.options)}
 
     @classmethod
     def from_json(cls, d: dict) -> PublishRequest:
-        return cls(str(d["volume_id"]), Volume(**d["volume"]), d["target"], bool(d["writable"]), MountOptions(**d["options"]))
+        options = MountOptions(**d["options"])
+        return cls(str(d["volume_id"]), Volume(**d["volume"]), d["target"], bool(d["writable"]), options, str(d.get("spoke_cache", "")))
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,7 @@ class Mounts:
         vol = req.volume
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", vol.server, f"{vol.repo}@{vol.ref}", private, "--allow-other"]
         argv += req.options.mount_args(os.path.join(self.state_dir, "cache", key))
+        argv += _spoke_cache_args(req)
         argv += ["--log-file", os.path.join(self.state_dir, "logs", key + ".log")]
         if req.writable:
             argv.append("--rw")
@@ -210,6 +218,17 @@ class Mounts:
                 os.rmdir(target)  # the spec: the plugin removes the target path it created
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._record_path(target))
+
+
+def _spoke_cache_args(req: PublishRequest) -> list[str]:
+    """``--spoke-cache DIR`` when the node's spoke has its cache there. A spoke not started
+    yet (no ``chunks/`` directory) costs the mount its fast path, never the publish."""
+    if not req.spoke_cache:
+        return []
+    if not os.path.isdir(os.path.join(req.spoke_cache, "chunks")):
+        log.warning("%s is not a spoke's cache directory (no chunks/ in it): %s reads every chunk from %s over HTTP", req.spoke_cache, req.target, req.volume.server)
+        return []
+    return ["--spoke-cache", req.spoke_cache]
 
 
 def _source_dir(private: str, subdir: str, create: bool) -> str:

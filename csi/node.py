@@ -11,7 +11,7 @@ import grpc
 from csi.mounts import Mounts, PublishRequest
 from csi.proto import pb, services
 from csi.rpc import RpcError, VolumeLocks, invalid, require, rpc
-from csi.volumes import Volume, check_server, parse_mount_flags, parse_share, parse_volume_id
+from csi.volumes import Volume, check_server, nearest_server, parse_mount_flags, parse_share, parse_volume_id
 from fabric.client.http import HttpPlane
 
 log = logging.getLogger("fabric.csi")
@@ -42,9 +42,11 @@ def check_target(path: str) -> str:
 
 
 class Node(services.NodeServicer):
-    def __init__(self, node_id: str, mounts: Mounts):
+    def __init__(self, node_id: str, mounts: Mounts, local_spokes: dict[str, str] | None = None):
+        """``local_spokes``: URL -> cache directory of the spokes on this node (``--local-spoke``)."""
         self.node_id = node_id
         self.mounts = mounts
+        self.local_spokes = local_spokes or {}
         self.locks = VolumeLocks()
         self._adopt()
 
@@ -78,7 +80,8 @@ class Node(services.NodeServicer):
         volume = volume_of(request.volume_id, dict(request.volume_context))
         options = parse_mount_flags(list(cap.mount.mount_flags))
         writable = not (request.readonly or options.read_only or cap.access_mode.mode in READ_ONLY_MODES)
-        publish = PublishRequest(request.volume_id, volume, target, writable, options)
+        spoke_cache = self.local_spokes.get(nearest_server(volume.server), "")
+        publish = PublishRequest(request.volume_id, volume, target, writable, options, spoke_cache)
         token = request.secrets.get("token") or None
         with self.locks.hold(target, request.volume_id):
             existing = self.mounts.get(target)

@@ -14,6 +14,7 @@ may use any handle: its ``volumeAttributes`` name the server and share.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -63,6 +64,25 @@ def check_server(server: str) -> str:
     if not server or any(not re.fullmatch(r"https?://[^\s#,]+", s) for s in servers):
         raise VolumeError(f"server {server!r}: give http(s)://HOST:PORT, or several comma-separated, nearest first")
     return ",".join(servers)
+
+
+def parse_local_spoke(value: str) -> tuple[str, str]:
+    """``URL=DIR`` (``fabric csi --local-spoke``): the spoke on this node that ``URL`` reaches,
+    and its ``--cache`` directory as this node's mounts see it."""
+    url, eq, directory = value.partition("=")
+    if not eq or "," in url or not directory:
+        raise VolumeError(f"--local-spoke {value!r}: give URL=DIR, e.g. http://fabric-spoke.fabric.svc:8700=/var/lib/fabric/spoke-cache")
+    if not os.path.isabs(directory) or os.path.normpath(directory) != directory.rstrip("/"):
+        raise VolumeError(f"--local-spoke {value!r}: the cache directory must be an absolute, normalised path")
+    try:
+        return check_server(url).rstrip("/"), os.path.normpath(directory)
+    except VolumeError as exc:
+        raise VolumeError(f"--local-spoke {value!r}: {exc}") from None
+
+
+def nearest_server(server: str) -> str:
+    """The first (nearest) URL of a volume's ``server`` list."""
+    return server.split(",")[0].rstrip("/")
 
 
 def parse_share(share: str) -> tuple[str, str, str]:

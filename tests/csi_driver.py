@@ -39,13 +39,14 @@ def _wait_for_socket(path: str, proc: subprocess.Popen, log_path: str) -> None:
 
 
 class CsiDriver:
-    def __init__(self, tmp: Path, mounter: bool = False, node_id: str = "node-1"):
+    def __init__(self, tmp: Path, mounter: bool = False, node_id: str = "node-1", local_spokes: tuple[str, ...] = ()):
         self.tmp = tmp
         os.makedirs(tmp, exist_ok=True)
         self.socket = str(tmp / "plugin" / "csi.sock")
         self.state = str(tmp / "state")
         self.log_path = str(tmp / "csi.log")
         self.node_id = node_id
+        self.local_spokes = local_spokes  # --local-spoke URL=DIR values
         self.mounter_socket = str(tmp / "mounter" / "mounter.sock") if mounter else None
         self.mounter_log = str(tmp / "mounter.log")
         self.proc: subprocess.Popen | None = None
@@ -65,6 +66,8 @@ class CsiDriver:
         args = ["csi", "--endpoint", "unix://" + self.socket, "--node-id", self.node_id, "--controller", "--node", "--state-dir", self.state]
         if self.mounter_socket:
             args += ["--mounter-socket", self.mounter_socket]
+        for value in self.local_spokes:
+            args += ["--local-spoke", value]
         self.proc = self._spawn(args, self.log_path)
         _wait_for_socket(self.socket, self.proc, self.log_path)
         self.channel = grpc.insecure_channel("unix://" + self.socket)

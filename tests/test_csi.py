@@ -25,6 +25,7 @@ from fabric.format.model import SYMLINK, Entry
 from fabric.util.processes import process_alive
 from tests.csi_driver import CsiDriver
 from tests.fuse_helpers import needs_fuse
+from tests.spokeserver import start_spoke
 
 pytestmark = needs_fuse
 
@@ -190,6 +191,53 @@ def test_static_read_only_volume_of_a_tag(hub, repo, driver, tmp_path):
     # A token that cannot read the repository learns nothing of it.
     assert code_of(driver.node.NodePublishVolume, _publish_request(target, hub, f"{repo}@v1", ROX, token="not-a-token")) == grpc.StatusCode.UNAUTHENTICATED
     assert not os.path.exists(target) and Mounts(driver.state).all() == []
+
+
+def test_a_volume_served_by_the_nodes_spoke_reads_its_cache_files(hub, repo, tmp_path):
+    """--local-spoke: the mount of a volume whose nearest server is this node's spoke reads the
+    chunks that spoke holds from its cache directory; a directory that is not (yet) a spoke's
+    cache costs only that, and the node's setting is no part of a repeated publish's identity."""
+    plane = hub.plane()
+    want = b"".join(plane.read_stream(repo, "v1", "big/blob.bin"))
+    chunks = len(plane.stat_chunks(repo, "v1", "big/blob.bin").chunks)
+    cache = tmp_path / "spoke-cache"
+    with start_spoke(hub.url, cache, "256MiB", token=hub.token) as spoke:
+        assert b"".join(spoke.plane().read_stream(repo, "v1", "big/blob.bin")) == want  # the spoke is warm
+        not_a_cache = tmp_path / "empty"
+        not_a_cache.mkdir()
+        for directory, reads_files in ((cache, True), (not_a_cache, False)):
+            with CsiDriver(tmp_path / f"driver-{reads_files}", mounter=True, local_spokes=(f"{spoke.url}/={directory}",)) as d:
+                target = str(tmp_path / f"pod-{reads_files}" / "mount")
+                os.makedirs(os.path.dirname(target))
+                context = {"server": f"{spoke.url},{hub.url}", "share": f"{repo}@v1"}
+                reported = spoke.stats()["cache_local_reads"]
+                publish(d, "static-blob", target, hub.token, context, ROX)
+                pub = Mounts(d.state).get(target)
+                with open(f"/proc/{pub.pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                assert (b"--spoke-cache" in argv) is reads_files and (str(directory).encode() in argv) is reads_files
+                publish(d, "static-blob", target, hub.token, context, ROX)  # repeated: the same publish
+                with open(os.path.join(target, "big", "blob.bin"), "rb") as f:
+                    assert hashlib.sha256(f.read()).digest() == hashlib.sha256(want).digest()
+                unpublish(d, "static-blob", target)
+                local_reads = spoke.stats()["cache_local_reads"] - reported
+                if reads_files:
+                    assert local_reads >= chunks
+                else:
+                    assert local_reads == 0
+                    assert "is not a spoke's cache directory" in d.all_logs()
+
+
+def test_bad_local_spoke_values_are_refused(tmp_path):
+    for value in ("http://spoke:8700", "spoke:8700=/cache", "http://spoke:8700=relative/dir", "http://a:1,http://b:2=/cache"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "fabric.cli.main", "csi", "--node", "--node-id", "n", "--endpoint", f"unix://{tmp_path}/s.sock", "--local-spoke", value],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2 and "--local-spoke" in proc.stderr, (value, proc.stderr)
+    assert not os.path.exists(tmp_path / "s.sock")
 
 
 def _command_lines() -> list[str]:

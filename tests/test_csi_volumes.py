@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from csi.volumes import Volume, VolumeError, expand, parse_mount_flags, parse_share, parse_volume_id
+from csi.mounts import PublishRequest
+from csi.volumes import MountOptions, Volume, VolumeError, expand, nearest_server, parse_local_spoke, parse_mount_flags, parse_share, parse_volume_id
 
 PARAMS = {"csi.storage.k8s.io/pvc/name": "claim", "csi.storage.k8s.io/pvc/namespace": "ns", "csi.storage.k8s.io/pv/name": "pvc-1"}
 
@@ -38,3 +39,21 @@ def test_mount_options():
     for bad in (["durability=disk"], ["cache-size=lots"], ["nolock"], ["commit-interval=-1"], ["ro=1"]):
         with pytest.raises(VolumeError, match="fabric volumes take"):
             parse_mount_flags(bad)
+
+
+def test_local_spoke_values_and_the_nearest_server():
+    assert parse_local_spoke("http://fabric-spoke:8700/=/var/lib/fabric/spoke-cache/") == ("http://fabric-spoke:8700", "/var/lib/fabric/spoke-cache")
+    for bad in ("http://spoke:8700", "http://spoke:8700=", "spoke:8700=/cache", "http://spoke:8700=cache", "http://spoke:8700=/a/../b", "http://a:1,http://b:2=/cache"):
+        with pytest.raises(VolumeError, match="--local-spoke"):
+            parse_local_spoke(bad)
+    assert nearest_server("http://spoke:8700/,http://hub:8600") == "http://spoke:8700"
+    assert nearest_server("http://hub:8600") == "http://hub:8600"
+
+
+def test_a_publication_recorded_before_local_spokes_loads():
+    req = PublishRequest("v", Volume("http://hub:8600", "r", "main"), "/t", False, MountOptions(), "/var/lib/fabric/spoke-cache")
+    record = req.to_json()
+    assert PublishRequest.from_json(record).spoke_cache == "/var/lib/fabric/spoke-cache"
+    del record["spoke_cache"]
+    old = PublishRequest.from_json(record)
+    assert old.spoke_cache == "" and old == req  # a node setting: not part of the publish's identity

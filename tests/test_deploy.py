@@ -292,6 +292,16 @@ def csi_node_problems(objs: list[dict]) -> list[str]:
         check({"operator": "Exists"} in spec.get("tolerations", []), f"{name}: tolerates every taint")
     # the mounter's mounts end with its pod: it is never replaced by an apply
     check(mounter_ds["spec"].get("updateStrategy", {}).get("type") == "OnDelete", "mounter: OnDelete")
+    # --local-spoke: the node's spoke's cache, read-only in the mounter, from the spoke's own hostPath
+    url, _, cache = (f.get("--local-spoke") or "=").partition("=")
+    check(url == "http://fabric-spoke.fabric.svc:8700", "driver --local-spoke names the fabric-spoke Service")
+    spoke_cache = [m for m in mnt.get("volumeMounts", []) if m["mountPath"] == cache]
+    check(len(spoke_cache) == 1 and spoke_cache[0].get("readOnly") is True, "mounter: the --local-spoke directory, read-only")
+    spokes = [o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "fabric-spoke"]
+    if spokes and spoke_cache:
+        sspec = spokes[0]["spec"]["template"]["spec"]
+        spoke_dir = flags(container(sspec, "spoke")).get("--cache") or "/nonexistent"
+        check(host_path(mspec, mnt, cache) == host_path(sspec, container(sspec, "spoke"), spoke_dir), "mounter: --local-spoke is the spoke's cache hostPath")
     return problems
 
 
@@ -341,7 +351,17 @@ def test_csi_node_checker_fails_on_broken_plugins() -> None:
     def rolling(objs):
         find(objs, "DaemonSet", "fabric-csi-mounter")["spec"]["updateStrategy"] = {"type": "RollingUpdate"}
 
-    for change in (propagation, socket, emptydir, registrar, pid, rolling):
+    def spoke_cache_elsewhere(objs):
+        for v in mounter(objs)["volumes"]:
+            if v["name"] == "spoke-cache":
+                v["hostPath"]["path"] = "/var/lib/other"
+
+    def spoke_cache_writable(objs):
+        for m in container(mounter(objs), "fabric-mounter")["volumeMounts"]:
+            if m["name"] == "spoke-cache":
+                m.pop("readOnly")
+
+    for change in (propagation, socket, emptydir, registrar, pid, rolling, spoke_cache_elsewhere, spoke_cache_writable):
         assert broken(change), f"{change.__name__}: not noticed"
 
 
