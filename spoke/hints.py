@@ -248,7 +248,8 @@ class Lookahead:
             order.window, order.resolved, order.refill = window, span.lists, span.mark
             if span.mark is not None and order.cursor >= span.mark:
                 order.dirty = True  # the job read past it meanwhile: work the window out again
-        if self._plan is not None and not order.planned:
+        planned_window = self._plan is not None and not order.planned
+        if planned_window:
             self._plan(order.plan_name, span.ids)  # before the fetches: the cache holds each planned chunk as it arrives
         self.fetcher.prefetch([cid for cid in span.ids if cid not in previous], HINT, job=order.job, kind="hint")
         if self._plan is not None and replan:
@@ -259,7 +260,8 @@ class Lookahead:
                 order.replan, order.planned = ahead.mark, True
                 if ahead.mark is not None and order.cursor >= ahead.mark:
                     order.dirty = True
-            self._plan(order.plan_name, ahead.ids)
+            if not (planned_window and ahead.ids == span.ids):  # a window as long as the order: planned already
+                self._plan(order.plan_name, ahead.ids)
 
     def _span(
         self,

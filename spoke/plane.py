@@ -36,7 +36,7 @@ from fabric.format.model import FILE, Commit, Entry, stored_ids
 from fabric.format.paths import COMMIT_ID_RE, check_path, check_prefix, is_full_commit_id
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.metrics import MetricsPlane
-from fabric.plane.reads import check_hint
+from fabric.plane.reads import HintedEntries
 from fabric.util.progress import Progress
 
 from .coherence import RefTracker, StagingCache
@@ -202,6 +202,7 @@ class SpokePlane(DataPlane):
             memory=memory_cache,
         )
         self.reader = Reader(self.meta, self.trees, self.fetcher.read)
+        self.hinted = HintedEntries()  # a job's next epoch hints the same files
         window = default_window(self.chunk_cache.budget) if hint_window is None else hint_window
         if not 0 <= window <= self.chunk_cache.budget // 2:
             raise BadRequest(f"the hint window must be 0 to half the chunk cache ({self.chunk_cache.budget // 2} bytes), not {window}")
@@ -452,7 +453,7 @@ class SpokePlane(DataPlane):
         ``repo``: chunks are fetched ahead of the job's reads (:mod:`spoke.hints`). A top-up
         fetches the chunks this spoke lacks of the files it holds in part (:mod:`spoke.topup`)."""
         view = self.view(repo, ref)[0]
-        entries = check_hint(repo, ref, paths, job, lambda path: self.reader.stat(view, path))
+        entries = self.hinted.check(repo, ref, paths, job, lambda path: self.reader.stat(view, path), view.fixed_tree)
         if top_up:
             ids, _ = top_up_ids(list(entries.values()), self.reader.chunk_lists, self.chunk_cache.__contains__, self.lookahead.window_bytes)
             self.fetcher.prefetch(ids, HINT, job=job, kind="hint")

@@ -418,3 +418,36 @@ def test_the_read_plan_reaches_past_the_window_and_is_worked_out_again_halfway(m
         assert all(len(call) <= window // chunk for call in fetcher.calls)
     finally:
         look.stop()
+
+
+def test_an_order_that_fits_its_window_is_planned_once() -> None:
+    """Each plan replaces the last under the cache's lock, where demand reads wait: an order
+    whose window holds it whole (a cached data set's next epoch) is planned once, not twice."""
+    import threading
+
+    from fabric.format.model import Entry
+    from spoke.hints import Lookahead
+
+    chunk = 64 * KiB
+    files = [Entry(size=chunk, chunks=((bytes([f + 1]) * 32, chunk),)) for f in range(16)]
+    calls: list[list[bytes]] = []
+    changed = threading.Condition()
+
+    def plan(name: str, ids) -> None:
+        with changed:
+            calls.append(list(ids))
+            changed.notify_all()
+
+    fetcher = _RecordingFetcher()
+    look = Lookahead(fetcher, lambda es: [e.chunks for e in es], 64 * chunk, plan)
+    try:
+        for epoch, order in enumerate((files, files[::-1])):
+            look.hint("job", "repo", order, append=False)
+            with fetcher.changed:
+                assert fetcher.changed.wait_for(lambda n=epoch + 1: len(fetcher.calls) >= n, timeout=10)
+            time.sleep(0.2)  # a second plan, if any, comes right after the fetch
+            with changed:
+                assert len(calls) == epoch + 1, calls
+                assert calls[-1] == [e.chunks[0][0] for e in order]
+    finally:
+        look.stop()

@@ -31,7 +31,7 @@ from fabric.format.listing import Change, Listing, change_kind
 from fabric.format.model import FILE, INLINE_CHUNKS, Commit, Entry, stored_ids
 from fabric.format.paths import COMMIT_ID_RE, check_bucket_name, check_path, check_prefix, check_ref_name, check_repo_name
 from fabric.plane.dataplane import DataPlane
-from fabric.plane.reads import check_hint
+from fabric.plane.reads import HintedEntries
 from fabric.store import ObjectStore, open_store
 from fabric.util.progress import Progress
 from fabric.util.sqlite import Durability
@@ -78,6 +78,7 @@ class Engine(DataPlane):
         self.trees = Trees(self.meta)
         self.chunks = ChunkStore(store, catalog, gc_grace)
         self.reader = Reader(self.meta, self.trees, self.chunks.read_many)
+        self.hinted = HintedEntries()  # a job's next epoch hints the same files
         self.meta.put(METARANGE, [])  # the empty tree, which every first commit points at
         self.gc_grace = gc_grace
         if catalog.setting(OWNERSHIP_SETTING) is None:
@@ -451,7 +452,7 @@ class Engine(DataPlane):
     def hint(self, repo: str, ref: str, paths: Sequence[str], job: str, append: bool = False, top_up: bool = False) -> dict:
         """Checked only (a hub fetches nothing ahead), against one view of ``ref``."""
         view = self.resolve(repo, ref)
-        entries = check_hint(repo, ref, paths, job, lambda path: self.reader.stat(view, path))
+        entries = self.hinted.check(repo, ref, paths, job, lambda path: self.reader.stat(view, path), view.fixed_tree)
         return {"job": job, "paths": len(paths), "bytes": sum(entries[p].size for p in paths), "window_bytes": 0}
 
     def list(

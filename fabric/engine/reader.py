@@ -48,6 +48,11 @@ class View:
     branch: str | None = None
     staging: Staging | None = None
 
+    @property
+    def fixed_tree(self) -> str | None:
+        """The tree read, when no staged writes lie over it (a tree never changes); else None."""
+        return self.tree if self.staging is None else None
+
 
 def prefix_end(prefix: str) -> str | None:
     """The smallest string above every string that starts with ``prefix``."""

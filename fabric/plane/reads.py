@@ -10,6 +10,8 @@ stored bytes fail their checksum (they are never returned as data).
 from __future__ import annotations
 
 import abc
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 
 from fabric.errors import NotFound
@@ -123,3 +125,49 @@ def check_hint(repo: str, ref: str, paths: Sequence[str], job: str, lookup: Call
             raise NotFound(f"{path!r} is a {entry.kind}, not a file: a hint names files")
         out[path] = entry
     return out
+
+
+#: Paths whose entries :class:`HintedEntries` keeps, in all trees together (about 150 bytes each).
+HINTED_PATHS = 200_000
+
+
+class HintedEntries:
+    """The entries that hints named, by tree and path. A job hints every epoch, the same
+    files in another order, and a commit's tree never changes: the next hint on that tree is
+    checked from here, without looking each path up again (the lookups took most of a hint's
+    time, and an epoch's first reads wait on that time). All trees together keep at most
+    ``max_paths`` paths; the tree hinted least recently goes first."""
+
+    def __init__(self, max_paths: int = HINTED_PATHS) -> None:
+        self.max_paths = max_paths
+        self._trees: OrderedDict[tuple[str, str], dict[str, Entry]] = OrderedDict()
+        self._paths = 0
+        self._lock = threading.Lock()
+
+    def check(
+        self, repo: str, ref: str, paths: Sequence[str], job: str, lookup: Callable[[str], Entry | None], tree: str | None
+    ) -> dict[str, Entry]:
+        """:func:`check_hint`, asking ``lookup`` only for the paths not kept for ``tree`` of
+        ``repo``; ``tree`` None (a view that can change, such as a branch's staged writes)
+        keeps nothing."""
+        if tree is None:
+            return check_hint(repo, ref, paths, job, lookup)
+        key = (repo, tree)
+        with self._lock:
+            known = self._trees.get(key, {})  # read below without the lock: entries are only added
+            if known:
+                self._trees.move_to_end(key)
+        entries = check_hint(repo, ref, paths, job, lambda path: known.get(path) or lookup(path))
+        self._keep(key, entries)
+        return entries
+
+    def _keep(self, key: tuple[str, str], entries: dict[str, Entry]) -> None:
+        with self._lock:
+            kept = self._trees.pop(key, {})
+            new = [(path, entry) for path, entry in entries.items() if path not in kept]
+            del new[max(0, self.max_paths - len(kept)) :]  # one tree keeps at most max_paths
+            while self._trees and self._paths + len(new) > self.max_paths:
+                self._paths -= len(self._trees.popitem(last=False)[1])
+            kept.update(new)
+            self._paths += len(new)
+            self._trees[key] = kept
