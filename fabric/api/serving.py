@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -84,6 +85,11 @@ def serve_together(configs: list[uvicorn.Config], grace: float = GRACE_SECONDS) 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
         tasks = [asyncio.create_task(s.serve()) for s in servers]
+        # What start-up made (modules, the app, the plane) lives as long as the process: out of
+        # the collector's sight, a full collection walks only what came later. It took 30-55 ms
+        # in a spoke, a pause for every request in flight.
+        gc.collect()
+        gc.freeze()
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         stop_all()  # one server ending (e.g. its port was taken) ends the others
         await asyncio.gather(*tasks, return_exceptions=True)
