@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from csi.volumes import MountOptions, Volume
+from fabric.cache.spoke_layout import holds_chunk_cache
 from fabric.util.jsonfile import write_json
 from fabric.util.processes import process_alive
 
@@ -225,7 +226,7 @@ def _spoke_cache_args(req: PublishRequest) -> list[str]:
     yet (no ``chunks/`` directory) costs the mount its fast path, never the publish."""
     if not req.spoke_cache:
         return []
-    if not os.path.isdir(os.path.join(req.spoke_cache, "chunks")):
+    if not holds_chunk_cache(req.spoke_cache):
         log.warning("%s is not a spoke's cache directory (no chunks/ in it): %s reads every chunk from %s over HTTP", req.spoke_cache, req.target, req.volume.server)
         return []
     return ["--spoke-cache", req.spoke_cache]

@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Callable
 
+from fabric.cache.spoke_layout import chunk_dir, holds_chunk_cache
 from fabric.errors import BadRequest, Corruption
 from fabric.format import frames
 from fabric.format.chunking import MAX_CHUNK
@@ -37,8 +38,8 @@ class SpokeFiles:
     def __init__(self, cache_dir: str, on_read: Callable[[bytes], None] | None = None) -> None:
         """``cache_dir``: the spoke's ``--cache`` directory (BadRequest unless it holds a chunk
         cache); ``on_read(id)`` hears of each chunk read from it."""
-        self.root = os.path.join(cache_dir, "chunks")
-        if not os.path.isdir(self.root):
+        self.root = chunk_dir(cache_dir)
+        if not holds_chunk_cache(cache_dir):
             raise BadRequest(f"--spoke-cache {cache_dir!r} is not a spoke's cache directory (it has no chunks/ directory)")
         self._reader = DirectReader(MAX_CHUNK + frames.HEADER_LEN)
         self._logged = float("-inf")

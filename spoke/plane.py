@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from fabric.api.peers import peer_request
 from fabric.cache.disk import DiskCache
+from fabric.cache.spoke_layout import chunk_dir
 from fabric.client.breaker import BreakerTransport, CircuitBreaker
 from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane, Timeouts
 from fabric.engine.reader import Reader, View
@@ -177,7 +178,7 @@ class SpokePlane(DataPlane):
         self.replicas = open_replicas(cache_dir, replica_takeover)  # copies of other spokes' replicated writes
         meta_budget = max(1 << 20, int(cache_size * META_SHARE))
         self.chunk_cache = DiskCache(
-            os.path.join(cache_dir, "chunks"),
+            chunk_dir(cache_dir),
             cache_size - meta_budget,
             _frame_intact,
             self.writeback.pinned_chunks() | self.replicas.pinned_chunks(),

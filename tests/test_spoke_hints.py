@@ -290,6 +290,21 @@ class _RecordingFetcher:
         pass
 
 
+class _RecordingPlans:
+    """The plans :class:`spoke.hints.Lookahead` gives the cache, recorded in order."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.calls: list[list[bytes]] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, name: str, ids) -> None:
+        with self.changed:
+            self.calls.append(list(ids))
+            self.changed.notify_all()
+
+
 def test_the_window_is_worked_out_again_only_after_an_eighth_of_it_was_read() -> None:
     """A job reading a chunk at a time must not make the spoke walk its whole window per read
     (which took half a spoke's CPU in a 1.1 GiB export); every chunk is still asked for ahead."""
@@ -373,7 +388,6 @@ def test_many_hinting_jobs_share_what_the_caches_plans_may_hold(monkeypatch) -> 
 def test_the_read_plan_reaches_past_the_window_and_is_worked_out_again_halfway(monkeypatch) -> None:
     """The cache is told what the job reads next up to PLAN_IDS chunks ahead (so with a data
     set larger than the cache it keeps what comes soon), while only the window is fetched."""
-    import threading
 
     import spoke.hints as hints
     from fabric.format.model import Entry
@@ -383,17 +397,12 @@ def test_the_read_plan_reaches_past_the_window_and_is_worked_out_again_halfway(m
     files = [Entry(size=chunk, chunks=((bytes([f + 1]) * 32, chunk),)) for f in range(files_n)]
     order = [e.chunks[0][0] for e in files]
     window = 4 * chunk
-    plans: list[list[bytes]] = []
-    changed = threading.Condition()
-
-    def plan(name: str, ids) -> None:
-        with changed:
-            plans.append(list(ids))
-            changed.notify_all()
+    plan = _RecordingPlans()
+    plans = plan.calls
 
     def planned(want: list[bytes]) -> None:
-        with changed:
-            assert changed.wait_for(lambda: plans and plans[-1] == want, timeout=10), plans[-1:]
+        with plan.changed:
+            assert plan.changed.wait_for(lambda: plans and plans[-1] == want, timeout=10), plans[-1:]
 
     fetcher = _RecordingFetcher()
     look = hints.Lookahead(fetcher, lambda es: [e.chunks for e in es], window, plan)
@@ -423,21 +432,14 @@ def test_the_read_plan_reaches_past_the_window_and_is_worked_out_again_halfway(m
 def test_an_order_that_fits_its_window_is_planned_once() -> None:
     """Each plan replaces the last under the cache's lock, where demand reads wait: an order
     whose window holds it whole (a cached data set's next epoch) is planned once, not twice."""
-    import threading
 
     from fabric.format.model import Entry
     from spoke.hints import Lookahead
 
     chunk = 64 * KiB
     files = [Entry(size=chunk, chunks=((bytes([f + 1]) * 32, chunk),)) for f in range(16)]
-    calls: list[list[bytes]] = []
-    changed = threading.Condition()
-
-    def plan(name: str, ids) -> None:
-        with changed:
-            calls.append(list(ids))
-            changed.notify_all()
-
+    plan = _RecordingPlans()
+    calls = plan.calls
     fetcher = _RecordingFetcher()
     look = Lookahead(fetcher, lambda es: [e.chunks for e in es], 64 * chunk, plan)
     try:
@@ -446,7 +448,7 @@ def test_an_order_that_fits_its_window_is_planned_once() -> None:
             with fetcher.changed:
                 assert fetcher.changed.wait_for(lambda n=epoch + 1: len(fetcher.calls) >= n, timeout=10)
             time.sleep(0.2)  # a second plan, if any, comes right after the fetch
-            with changed:
+            with plan.changed:
                 assert len(calls) == epoch + 1, calls
                 assert calls[-1] == [e.chunks[0][0] for e in order]
     finally:
