@@ -31,6 +31,9 @@ Systems (order rotating round by round):
 
 - ``fabric-local``: ``fabric mount SPOKE repo@main MNT --rw --durability local``
   (files written in order are chunked and sent while they are written)
+- ``fabric-writeback``: ``--durability local --writeback`` (fsync returns once
+  the file is in the mount's ``--write-dir`` on this machine's disk, journaled;
+  the mount chunks and stages it on the spoke in the background after its close)
 - ``fabric-local-whole``: the same with ``--no-stream-writes`` (each file
   chunked at its fsync: the behaviour before streaming, for an A/B in one run)
 - ``fabric-replicated``: ``--durability replicated`` (fsync returns once the
@@ -51,7 +54,8 @@ Figures per round:
 - stall: wall seconds from the first write until the rename returns;
 - at hub: seconds from the first write until the hub holds the checkpoint.
   fabric-local: the spoke's ``GET /api/v1/stats`` reports
-  ``writeback_pending == 0`` (polled every 0.1 s); fabric-hub: equal to the
+  ``writeback_pending == 0`` (polled every 0.1 s; fabric-writeback: and its
+  mount's journal holds no record); fabric-hub: equal to the
   stall (fsync returns only once the hub has the data); rclone: every shard
   and ``.metadata`` answer a HEAD with their size on the hub's S3 port
   (directly, not through the WAN) and ``.metadata.tmp`` does not.
@@ -109,7 +113,7 @@ MiB = 1024 * 1024
 WRITE_SIZE = 4 * MiB
 POLL_S = 0.1
 META_TMP, META = ".metadata.tmp", ".metadata"
-SYSTEMS = ("fabric-local", "fabric-local-whole", "fabric-replicated", "fabric-hub", "rclone", "local-disk")
+SYSTEMS = ("fabric-local", "fabric-writeback", "fabric-local-whole", "fabric-replicated", "fabric-hub", "rclone", "local-disk")
 #: Tensors per shard in the dedup rounds; a frozen-backbone step changes ``--changed`` of them.
 TENSORS = 16
 
@@ -330,10 +334,11 @@ class System:
 
 
 class FabricMount(System):
-    def __init__(self, env: Env, durability: str, stream: bool = True) -> None:
-        """``stream=False``: ``--no-stream-writes`` (each file chunked at fsync, as before streaming)."""
-        self.env, self.durability, self.stream = env, durability, stream
-        self.name = f"fabric-{durability}" + ("" if stream else "-whole")
+    def __init__(self, env: Env, durability: str, stream: bool = True, writeback: bool = False) -> None:
+        """``stream=False``: ``--no-stream-writes`` (each file chunked at fsync, as before streaming);
+        ``writeback``: ``--writeback`` (fsync returns once the file is on the mount's disk)."""
+        self.env, self.durability, self.stream, self.writeback = env, durability, stream, writeback
+        self.name = "fabric-writeback" if writeback else f"fabric-{durability}" + ("" if stream else "-whole")
         self.repo = f"ckpt-{self.name}"
         base = os.path.join(env.work, self.name)
         self.root, self.log, self.write_dir = f"{base}-mnt", f"{base}.log", f"{base}-writes"
@@ -343,7 +348,7 @@ class FabricMount(System):
     def mount_cmd(self, token: str) -> list[str]:
         return [*self.cli, "mount", self.env.spoke_url, f"{self.repo}@main", self.root, "--rw", "--durability",
                 self.durability, "--token", token, "--write-dir", self.write_dir, "--log-file", self.log,
-                *([] if self.stream else ["--no-stream-writes"])]
+                *([] if self.stream else ["--no-stream-writes"]), *(["--writeback"] if self.writeback else [])]
 
     def describe(self) -> str:
         return " ".join(self.mount_cmd("TOKEN")).replace(self.env.python, "python")
@@ -366,6 +371,11 @@ class FabricMount(System):
     def wan_bytes_up(self) -> int:
         return self.env.wan_rest.bytes_up
 
+    def parked(self) -> int:
+        """Files the mount has not staged yet (``--writeback``: its journal's records)."""
+        journal = os.path.join(self.write_dir, "writeback")
+        return sum(n.endswith(".json") for n in os.listdir(journal)) if os.path.isdir(journal) else 0
+
     def pending(self) -> int:
         import httpx
 
@@ -378,7 +388,7 @@ class FabricMount(System):
             if self.pending():
                 raise SystemExit("fabric-hub: the spoke still has writes queued after fsync with --durability hub")
             return stall
-        return wait_until(lambda: self.pending() == 0, t0, push_timeout(ckpt, self.env.rate_mbit), "the spoke's write-back to reach the hub",
+        return wait_until(lambda: self.parked() == 0 and self.pending() == 0, t0, push_timeout(ckpt, self.env.rate_mbit), "the spoke's write-back to reach the hub",
                           os.path.join(self.env.work, "spoke.log"))
 
     def verify(self, directory: str, ckpt: Checkpoint) -> str:
@@ -596,6 +606,7 @@ def servers(args: argparse.Namespace, work: str) -> Iterator[Env]:
 def make_systems(env: Env, only: list[str] | None) -> list[System]:
     factories: dict[str, Callable[[], System]] = {
         "fabric-local": lambda: FabricMount(env, "local"),
+        "fabric-writeback": lambda: FabricMount(env, "local", writeback=True),
         "fabric-local-whole": lambda: FabricMount(env, "local", stream=False),
         "fabric-replicated": lambda: FabricMount(env, "replicated"),
         "fabric-hub": lambda: FabricMount(env, "hub"),

@@ -64,7 +64,9 @@ it on disk, even while the hub is away, and the spoke pushes it to the hub
 in the background; with `hub` once the hub has stored it. Mounting a hub,
 both mean the hub. A file written in order from empty (a checkpoint shard)
 is chunked and sent while it is written, so its fsync waits only for the
-last few MiB and the durability round trip.
+last few MiB and the durability round trip. With --writeback, fsync and
+close return once the file is on this machine's disk (--write-dir) and the
+mount stages it in the background: a checkpoint costs about a local write.
 
 The mount outlives its server: while the server restarts (or every server
 of a list is away), requests wait and resume; after --server-timeout
@@ -102,6 +104,8 @@ statistics, is at --log-file.
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process until unmounted (logs to stderr unless --log-file).")
 @click.option("--allow-other", is_flag=True, help="Let other users use the mount (permission bits still apply; non-root users need user_allow_other in /etc/fuse.conf).")
 @click.option("--durability", type=click.Choice(["local", "replicated", "hub"]), default="local", show_default=True, help="When fsync and close return: local = stored on the server mounted (the spoke's disk); replicated = on the spoke's disk and on one other spoke's of its group (losing one spoke machine loses nothing); hub = stored at the hub.")
+@click.option("--writeback", is_flag=True, help="With --rw: fsync and close return once the file is on this machine's disk (--write-dir, required), and the mount chunks and stages it on the branch in the background after its close (at --durability). A mount killed before that stages it when started again with the same --write-dir; losing that disk loses it.")
+@click.option("--writeback-backlog", type=Size(), default="4G", show_default=True, help="With --writeback: at most this many bytes wait for staging; a fsync or close beyond it stages its file before returning (back-pressure).")
 @click.option("--no-stream-writes", is_flag=True, help="Chunk and send a file only when it is fsynced or closed (default: a file written in order from empty is chunked and sent while it is written, so fsync costs only its tail).")
 @click.option("--commit-interval", type=float, default=0, metavar="SECONDS", show_default=True, help="With --rw, commit staged changes every SECONDS (0: never; use `fabric commit`).")
 @click.option("--commit-on-unmount", is_flag=True, help="With --rw, commit staged changes when unmounted.")
@@ -131,6 +135,8 @@ def mount(
     foreground: bool,
     allow_other: bool,
     durability: str,
+    writeback: bool,
+    writeback_backlog: int,
     no_stream_writes: bool,
     commit_interval: float,
     commit_on_unmount: bool,
@@ -168,6 +174,10 @@ def mount(
         raise BadRequest(f"give a ref: {target!r} should be REPO@REF, e.g. {target}@main")
     if (commit_interval or commit_on_unmount) and not rw:
         raise click.UsageError("--commit-interval and --commit-on-unmount need --rw")
+    if writeback and not rw:
+        raise click.UsageError("--writeback needs --rw")
+    if writeback and not write_dir:
+        raise click.UsageError("--writeback needs --write-dir: the directory where files wait to be staged must outlive the mount")
     fuse_options: dict = {}
     for o in options:
         key, eq, value = o.partition("=")
@@ -205,7 +215,9 @@ def mount(
         commit_on_unmount=commit_on_unmount,
         commit_message=commit_message,
         durability=durability,
-        stream_writes=not no_stream_writes,
+        writeback=writeback,
+        writeback_backlog=writeback_backlog,
+        stream_writes=not (no_stream_writes or writeback),  # (--writeback chunks after the close: fuse/writeback.py)
         job=os.environ.get(JOB_ENV) or None,
     )
     run_foreground(server_url, token, cfg, mountpoint, allow_other, fuse_options, ready_fd, stats_interval)

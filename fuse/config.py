@@ -24,6 +24,8 @@ class MountConfig:
     commit_on_unmount: bool = False
     commit_message: str = "fabric mount"
     durability: str = "local"
+    writeback: bool = False  # fsync and close return once the file is in write_dir (fuse/writeback.py)
+    writeback_backlog: int = 4 * 1024**3  # at most this many bytes parked; beyond, fsync stages inline
     stream_writes: bool = True  # chunk and send files written in order while they are written
     fetch_workers: int = 4
     job: str | None = None  # FABRIC_JOB: the job the mount reads for (a spoke learns its opens, fuse/opens.py)

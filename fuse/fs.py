@@ -20,7 +20,8 @@ entry and ``opendir`` lists the directory anew.
 
 With ``--rw`` (branches only), writes go to local temporary files
 (:mod:`fuse.writer`) and are staged on the branch when the file is closed,
-fsynced or renamed; metadata changes (chmod, chown, utimens, mkdir, rmdir,
+fsynced or renamed (with ``--writeback``, in the background after fsync or close:
+:mod:`fuse.writeback`); metadata changes (chmod, chown, utimens, mkdir, rmdir,
 rename, symlink, unlink, mknod of FIFOs, sockets and devices) are staged at once, each as one atomic
 :meth:`~fabric.plane.dataplane.DataPlane.stage` call. ``fabric commit`` (or the
 mount's own ``--commit-interval`` / ``--commit-on-unmount``) turns staged
@@ -115,6 +116,8 @@ class FabricFS(mfusepy.Operations):
 
     def destroy(self, path: str) -> None:
         self.commits.stop()
+        if self.writes.writeback is not None:
+            self.writes.writeback.shutdown()
         self.reads.close()
         if self.state.streams is not None:
             self.state.streams.shutdown()

@@ -136,6 +136,11 @@ def run_foreground(
         is_branch, commit_id, commit_time = resolve_target(plane, cfg.repo, cfg.ref, cfg.writable)
         # Opens the cache directory too: one held by another mount is refused here, with its pid.
         fs = FabricFS(plane, cfg, branch=is_branch, commit_id=commit_id, commit_time=commit_time)
+        if fs.writes.writeback is not None:
+            # Files an earlier mount parked and never staged (it was killed): staged before serving.
+            replayed = fs.writes.writeback.replay()
+            if replayed:
+                log.info("staged %d file(s) left in the write-back journal by an earlier mount", replayed)
     except FabricError as exc:
         report(f"error: {exc.message}")
         raise
@@ -221,6 +226,7 @@ def write_stats(mountpoint: str, fs: FabricFS) -> None:
         "server_waits_refused": fs.health.refused,  # failed at once: no thread left to wait (fuse.outage)
         "unstaged_files": sum(1 for w in list(fs.state.files.values()) if w.dirty),
         "streamed_writes": fs.state.streams.snapshot() if fs.state.streams is not None else None,
+        "writeback": fs.writes.writeback.snapshot() if fs.writes.writeback is not None else None,
     }
     write_json(stats_path(mountpoint), data)
 

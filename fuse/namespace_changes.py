@@ -160,10 +160,12 @@ class NamespaceChanges:
                     wf.path = None
                 st.times.pop(p, None)
                 st.kernel_sig.pop(p, None)
+            if wf is not None:
+                self.writes.discard(wf)  # (a --writeback mount killed now never brings it back)
             if wf is not None and not wf.on_server:
                 self._touch_parent(p)  # (the new file's pending change of its directory with it)
         if wf is not None:
-            self.writes.maybe_drop(wf)
+            self.writes.drop_soon(wf)
 
     def rename(self, src: str, dst: str, flags: int = 0) -> None:
         st = self.state

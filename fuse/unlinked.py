@@ -71,7 +71,7 @@ class Unlinked:
             wf = WFile(src, e, self.writes.write_dir or "", e.mode, uid, gid)  # (never written: no local copy)
         st.inodes.of_file(wf)  # (its st_ino, kept once it has no name)
         unlink(src)
-        with wf.lock:
+        with st.mu:  # (as unlink does; not wf.lock, which a staging of it may hold while the server is away)
             wf.unlinked, wf.path = True, None
         with self._mu:
             self._hidden[split(hidden)[1]] = (wf, src)
@@ -82,7 +82,7 @@ class Unlinked:
         with self._mu:
             held = self._hidden.pop(split(hidden)[1], None)
         if held is not None:
-            self.writes.maybe_drop(held[0])
+            self.writes.drop_soon(held[0])
 
     def drop_closed(self) -> None:
         """Forget the hidden files that no handle holds any more (after each ``release``)."""
@@ -93,4 +93,4 @@ class Unlinked:
             closed = [name for name, (wf, src) in self._hidden.items() if wf.opens == 0 and not handles.open_at(src)]
             dropped = [self._hidden.pop(name)[0] for name in closed]
         for wf in dropped:
-            self.writes.maybe_drop(wf)
+            self.writes.drop_soon(wf)

@@ -4,7 +4,8 @@ Writes go to local temporary files (:class:`~fuse.writer.WFile`) and are staged
 on the branch, each as one :meth:`~fabric.plane.dataplane.DataPlane.stage` call,
 when the file is closed, fsynced or renamed (or, for a file nobody has open,
 when it is changed). A file's local state lives in ``MountState.files`` until it
-is staged and its last handle is closed.
+is staged and its last handle is closed. With ``--writeback``, fsync and close park the
+file instead (:mod:`fuse.writeback`) and it is staged in the background.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import stat as S
+import threading
 from typing import Any
 
 from fabric.errors import ChunksMissing
@@ -24,6 +26,7 @@ from fuse.libfuse import invalidate_path
 from fuse.namespace import split
 from fuse.read_path import ReadPath
 from fuse.state import MountState
+from fuse.writeback import WriteBack
 from fuse.writer import WFile
 
 log = logging.getLogger("fabric.fuse")
@@ -39,6 +42,9 @@ class WritePath:
         self.state = state
         self.reads = reads
         self.write_dir = state.cfg.write_dir
+        cfg = state.cfg
+        #: fsync and close park files for background staging (``--writeback``; needs ``--write-dir``).
+        self.writeback = WriteBack(self, cfg.write_dir, cfg.writeback_backlog) if state.writable and cfg.writeback and cfg.write_dir else None
 
     # -- local state -------------------------------------------------------------------
     def wfile(self, p: str) -> WFile:
@@ -182,6 +188,9 @@ class WritePath:
             raise err(errno.ENOSYS)  # nothing to flush: the kernel stops asking
         h = self.state.handles.get(fh)
         if isinstance(h, WHandle) and h.writable:
+            if self.writeback is not None:
+                self.writeback.park(h.wf, durable=False)
+                return
             # A close while another thread syncs this very version (an fsync, or a forked child
             # closing its copy of the descriptor) does not wait for it.
             self.sync(h.wf, wait_for_running=False)
@@ -189,7 +198,10 @@ class WritePath:
     def fsync(self, fh: int) -> None:
         h = self.state.handles.get(fh)
         if isinstance(h, WHandle):
-            self.sync(h.wf)
+            if self.writeback is not None:
+                self.writeback.park(h.wf, durable=True)
+            else:
+                self.sync(h.wf)
 
     def release(self, fh: int) -> None:
         h = self.state.handles.pop(fh)
@@ -198,10 +210,12 @@ class WritePath:
             with wf.lock:
                 wf.opens -= 1
             try:
-                if h.writable:
+                if h.writable and self.writeback is not None:
+                    self.writeback.park(wf, durable=False)
+                elif h.writable:
                     self.sync(wf)
             finally:
-                self.maybe_drop(wf)
+                self.drop_soon(wf)
 
     def sync(self, wf: WFile, wait_for_running: bool = True) -> None:
         """Stage ``wf``'s current content and attributes on the branch (if anything changed)."""
@@ -267,6 +281,8 @@ class WritePath:
                     if content_changed:
                         wf.synced_content = gen
                     wf.last_error = None
+                    if self.writeback is not None:
+                        self.writeback.staged_version(wf, gen)
                     for n, e in staged.items():
                         st.ns.update(n, e)
                     st.kernel_sig[p] = content_sig(entry)
@@ -281,14 +297,31 @@ class WritePath:
         finally:
             self.maybe_drop(wf)
 
+    def drop_soon(self, wf: WFile) -> None:
+        """:meth:`maybe_drop`, without waiting for a staging of ``wf`` in progress (it may be
+        waiting for an unreachable server): a thread of its own does it after that one."""
+        if not wf.lock.acquire(blocking=False):
+            threading.Thread(target=self.maybe_drop, args=(wf,), name="fabric-drop", daemon=True).start()
+            return
+        try:
+            self.maybe_drop(wf)
+        finally:
+            wf.lock.release()
+
     def maybe_drop(self, wf: WFile) -> None:
         """Forget a file's local state once it is staged and no handle uses it."""
         st = self.state
         with wf.lock:
             if wf.opens > 0 or (wf.dirty and not wf.unlinked):
                 return
+            self.discard(wf)
             with st.mu:
                 if wf.path is not None and st.files.get(wf.path) is wf:
                     del st.files[wf.path]
                     st.times.setdefault(wf.path, {})["atime"] = wf.atime_ns  # (its ctime is in its entry)
             wf.close()
+
+    def discard(self, wf: WFile) -> None:
+        """``wf`` is unlinked or its local state forgotten: none of it is parked any more."""
+        if self.writeback is not None:
+            self.writeback.forget(wf)

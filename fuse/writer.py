@@ -25,11 +25,15 @@ import hashlib
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from fabric.format.ingest import HOLE_MIN, Run, ingest_runs
 from fabric.format.model import FILE, HOLE_ID, Entry
 from fuse.reader import FileReader
 from fuse.streaming import ContentStream
+
+if TYPE_CHECKING:
+    from fuse.journal import Record
 
 #: The MD5 of no bytes: the ETag of an empty file.
 EMPTY_MD5 = hashlib.md5(b"").hexdigest()
@@ -140,8 +144,27 @@ class WFile:
         #: The content chunked while it is written (fuse/streaming.py), while the file is
         #: written in order from empty; None otherwise.
         self.stream: ContentStream | None = None
+        #: Its record in a --writeback mount's journal (fuse/writeback.py), while parked, and
+        #: the generation that record describes.
+        self.journal_id: str | None = None
+        self.journaled_generation = 0
         if base is None:
             self._new_fd()
+
+    @classmethod
+    def recovered(cls, record: Record, fd: int, write_dir: str) -> WFile:
+        """A file a killed ``--writeback`` mount parked: its journal record and its data open
+        on ``fd``, a new file to stage (it may or may not have reached the server)."""
+        wf = cls(record.path, None, write_dir, record.mode, record.uid, record.gid, now_ns=record.mtime_ns)
+        os.close(wf.fd)  # (the new, empty local file: the data is the journal's)
+        wf.fd = fd
+        wf.size = os.fstat(fd).st_size
+        wf.ctime_ns = record.ctime_ns
+        wf.meta = dict(record.meta)
+        wf.dir_touched = 0
+        wf.journal_id = record.id
+        wf.journaled_generation = wf.generation
+        return wf
 
     # -- state -------------------------------------------------------------------
     @property

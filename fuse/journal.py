@@ -1,0 +1,158 @@
+"""The write-back journal of a ``--writeback`` mount: files on the mount's disk that are not
+staged yet, so that a mount killed before staging them stages them when it starts again.
+
+Layout, in ``<write-dir>/writeback/``:
+
+- ``<id>.data``: the file's local content. It is the very inode the mount writes to (its
+  ``O_TMPFILE`` given a name with ``linkat``), so later writes land in it too; no copy.
+- ``<id>.json``: where it goes and its attributes: ``repo``, ``branch``, ``path``, ``mode``,
+  ``uid``, ``gid``, ``mtime_ns``, ``ctime_ns``, ``meta``. Written to a temporary name and
+  renamed, so it is whole or absent; a ``.data`` without its ``.json`` is a file whose
+  record never completed (its fsync had not returned), and is deleted at the next start.
+- ``.lock``: held (``flock``) by the one mount that uses the directory.
+
+A record is written when the file's fsync or close parks it (:mod:`fuse.writeback`) and
+removed once the mount has staged the version it recorded, or when the file is unlinked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from fabric.errors import BadRequest
+
+log = logging.getLogger("fabric.fuse")
+
+DIRNAME = "writeback"
+
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def link_fd(fd: int, path: str) -> None:
+    """``linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH)``: a name for an open file, also one
+    made with ``O_TMPFILE``. Falls back to linking ``/proc/self/fd/N`` (which some kernels
+    refuse with EXDEV, others allow where AT_EMPTY_PATH needs a capability)."""
+    if _libc.linkat(fd, b"", _AT_FDCWD, os.fsencode(path), _AT_EMPTY_PATH) == 0:
+        return
+    first = ctypes.get_errno()
+    try:
+        os.link(f"/proc/self/fd/{fd}", path, follow_symlinks=True)
+    except OSError as exc:
+        raise OSError(first, f"cannot name the write-back file {path}: {os.strerror(first)}; then {exc.strerror}") from None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One parked file, as its ``.json`` names it."""
+
+    id: str
+    repo: str
+    branch: str
+    path: str
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    ctime_ns: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        del out["id"]
+        return out
+
+
+class Journal:
+    """The journal directory of one mount, locked for its lifetime."""
+
+    def __init__(self, write_dir: str) -> None:
+        self.dir = os.path.join(write_dir, DIRNAME)
+        os.makedirs(self.dir, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self.dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._lock_fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(self._lock_fd)
+            raise BadRequest(
+                f"--write-dir {write_dir!r} is in use by another mount (pid {holder}): each --writeback mount needs its own"
+            ) from None
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+
+    def new_id(self) -> str:
+        return uuid.uuid4().hex
+
+    def data_path(self, rid: str) -> str:
+        return os.path.join(self.dir, rid + ".data")
+
+    def link(self, rid: str, fd: int) -> None:
+        """Give the open (``O_TMPFILE``) file ``fd`` the name of record ``rid``'s data."""
+        link_fd(fd, self.data_path(rid))
+
+    def write(self, record: Record, durable: bool) -> None:
+        """Write ``record`` (replacing an earlier one of its id); ``durable``: on disk, with
+        its data's name, before this returns."""
+        final = os.path.join(self.dir, record.id + ".json")
+        tmp = final + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record.to_json(), f)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, final)
+        if durable:
+            self._sync_dir()
+
+    def drop(self, rid: str) -> None:
+        """Forget record ``rid`` (its record first: a data file without one is never replayed)."""
+        for suffix in (".json", ".data"):
+            try:
+                os.unlink(os.path.join(self.dir, rid + suffix))
+            except FileNotFoundError:
+                pass
+
+    def records(self) -> list[Record]:
+        """The complete records, oldest first; leftovers of incomplete ones are removed."""
+        out: list[tuple[float, Record]] = []
+        names = set(os.listdir(self.dir))
+        for name in sorted(names):
+            rid, dot, suffix = name.partition(".")
+            if suffix == "json.tmp" or (suffix == "data" and rid + ".json" not in names):
+                os.unlink(os.path.join(self.dir, name))
+                continue
+            if suffix != "json":
+                continue
+            path = os.path.join(self.dir, name)
+            try:
+                with open(path) as f:
+                    fields = json.load(f)
+                record = Record(id=rid, **fields)
+            except (OSError, ValueError, TypeError) as exc:
+                log.error("write-back journal: %s is unreadable (%s); left in place", path, exc)
+                continue
+            if rid + ".data" not in names:
+                log.error("write-back journal: %s has no data file; dropped", path)
+                self.drop(rid)
+                continue
+            out.append((os.stat(path).st_mtime, record))
+        return [r for _, r in sorted(out, key=lambda pair: pair[0])]
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        os.close(self._lock_fd)

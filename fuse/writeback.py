@@ -1,0 +1,182 @@
+"""``fabric mount --writeback``: fsync and close return once a file is on the mount's own disk.
+
+Without it, fsync and close return once the file is staged on the branch at ``--durability``,
+so they wait for the file's chunking and upload (:mod:`fuse.streaming` does most of that while
+the file is written, but a writer faster than the chunker still waits at fsync for the rest).
+With it, fsync *parks* the file: it ``fdatasync``s the local copy in ``--write-dir`` and
+records it in the :class:`~fuse.journal.Journal` (on disk before fsync returns). A close
+parks it the same way without forcing it to disk first, which is what POSIX promises of a
+close. After its last close, a background worker stages it as fsync would have (the same
+:meth:`WritePath.sync`, streamed chunks and all); not before, because staging holds the
+file's lock, which the writer's close (and its reads) would then wait for. A file fsynced
+and kept open is staged when it is closed, or at unmount. Until staged, the file keeps its
+local state, so reads, ``ls`` and ``stat`` in the mount see it (read-your-writes).
+
+What it trades: the file is on this machine's disk, not yet the spoke's, when fsync returns.
+A mount killed (or a machine rebooted) before staging stages the journal's files when it is
+started again with the same ``--write-dir`` (:meth:`WriteBack.replay`), before it serves;
+losing the disk loses them.
+
+Files are not chunked while they are written (:mod:`fuse.streaming` is off): the chunker's
+threads would compete with the writer for the CPU and lengthen the very writes fsync waits
+for (measured: 256 MiB from 4 writers took 0.13-0.17 s to write without it, 0.28-0.37 s with
+it, and the checkpoint reached the hub no sooner).
+
+Ordering: a rename of a parked file stages it first, inline (the rename names a staged
+file, as without write-back), so a checkpoint's final ``.metadata`` rename waits only for
+its own small file; an unlink drops its record (a killed mount never brings it back).
+``--commit-interval`` and ``--commit-on-unmount`` stage every parked file before committing.
+
+Back-pressure: at most ``--writeback-backlog`` bytes are parked at once; a fsync or close
+beyond that stages its file inline, so a writer faster than the link is slowed, never failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from fuse.journal import Journal, Record
+from fuse.writer import WFile
+
+if TYPE_CHECKING:
+    from fuse.write_path import WritePath
+
+log = logging.getLogger("fabric.fuse")
+
+#: Files staged at once in the background.
+WORKERS = 4
+
+
+class WriteBack:
+    """The parked files of one mount and the workers that stage them."""
+
+    def __init__(self, writes: WritePath, write_dir: str, backlog: int) -> None:
+        self.writes = writes
+        self.state = writes.state
+        self.backlog = backlog
+        self.journal = Journal(write_dir)
+        self._mu = threading.Lock()
+        self._parked: dict[int, WFile] = {}  # id(wf) -> file, while its record exists
+        self._queued: set[int] = set()
+        self._executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="fabric-writeback")
+        self.staged = 0  # files staged in the background
+        self.inline = 0  # fsyncs and closes that staged inline (backlog full)
+
+    # -- fsync and close ---------------------------------------------------------------
+    def park(self, wf: WFile, durable: bool) -> None:
+        """Record ``wf`` (on disk if ``durable``), to be staged once its last handle is closed;
+        stages it inline instead when the backlog is full or it has no local content."""
+        if not durable and wf.syncing >= wf.generation:
+            return  # a close while this very version is being staged (a forked child's) does not wait
+        with wf.lock:
+            if not wf.dirty or wf.unlinked or wf.path is None:
+                return
+            inline = wf.fd is None or self._parked_bytes(wf) + wf.size > self.backlog
+            if not inline:
+                try:
+                    if durable:
+                        os.fdatasync(wf.fd)
+                    if wf.journal_id is None or wf.journaled_generation != wf.generation:
+                        self._record(wf, durable)
+                except OSError as exc:  # (the write-dir's disk full or failing): stage it now instead
+                    log.warning("cannot park %s in the write-back journal (%s); staging it before fsync or close returns", wf.path, exc)
+                    inline = True
+            closed = wf.opens == 0
+        if inline:
+            with self._mu:
+                self.inline += 1
+            self.writes.sync(wf)
+        elif closed:
+            self._queue(wf)
+
+    def _record(self, wf: WFile, durable: bool) -> None:
+        """Write ``wf``'s record (``wf.lock`` held)."""
+        assert wf.fd is not None and wf.path is not None and self.state.branch is not None
+        rid = wf.journal_id
+        if rid is None:
+            rid = self.journal.new_id()
+            self.journal.link(rid, wf.fd)
+        record = Record(rid, self.state.repo, self.state.branch, wf.path, wf.mode, wf.uid, wf.gid, wf.mtime_ns, wf.ctime_ns, dict(wf.meta))
+        self.journal.write(record, durable)
+        wf.journaled_generation = wf.generation
+        with self._mu:
+            wf.journal_id = rid
+            self._parked[id(wf)] = wf
+
+    def _parked_bytes(self, wf: WFile) -> int:
+        with self._mu:
+            return sum(f.size for k, f in self._parked.items() if k != id(wf))
+
+    def _queue(self, wf: WFile) -> None:
+        with self._mu:
+            if id(wf) in self._queued:
+                return
+            self._queued.add(id(wf))
+        try:
+            self._executor.submit(self._stage, wf)
+        except RuntimeError:  # shutting down: unmount stages every file itself
+            with self._mu:
+                self._queued.discard(id(wf))
+
+    def _stage(self, wf: WFile) -> None:
+        with self._mu:
+            self._queued.discard(id(wf))
+        if wf.opens > 0:
+            return  # opened again: staged after its next last close
+        try:
+            self.writes.sync(wf)
+            with self._mu:
+                self.staged += 1
+        except Exception as exc:  # noqa: BLE001 - the mount's flush loop tries again after the close
+            log.warning("write-back of %s failed (it stays parked and is tried again): %s", wf.path, exc)
+        self.writes.maybe_drop(wf)
+
+    # -- the record's end --------------------------------------------------------------
+    def staged_version(self, wf: WFile, generation: int) -> None:
+        """``wf`` was staged at ``generation`` (``wf.lock`` held): drop its record if that
+        covers what it recorded."""
+        if wf.journal_id is not None and generation >= wf.journaled_generation:
+            self.forget(wf)
+
+    def forget(self, wf: WFile) -> None:
+        """Drop ``wf``'s record (staged, or unlinked: nothing of it is to be staged)."""
+        with self._mu:  # (not wf.lock: a staging in progress holds that while it waits for the server)
+            rid, wf.journal_id = wf.journal_id, None
+            self._parked.pop(id(wf), None)
+        if rid is not None:
+            self.journal.drop(rid)
+
+    # -- a mount's start and end -------------------------------------------------------
+    def replay(self) -> int:
+        """Stage the files a mount of this repository and branch parked and never staged
+        (before serving); how many. Raises if one cannot be staged: its record stays."""
+        st = self.state
+        done = 0
+        for record in self.journal.records():
+            if (record.repo, record.branch) != (st.repo, st.branch):
+                log.warning("write-back journal: %s is for %s@%s, not this mount's; left for a mount of it",
+                            record.path, record.repo, record.branch)
+                continue
+            fd = os.open(self.journal.data_path(record.id), os.O_RDWR)
+            wf = WFile.recovered(record, fd, self.writes.write_dir or "")
+            try:
+                self.writes.sync(wf)
+            finally:
+                wf.close()
+            done += 1
+            log.info("staged %s, parked by an earlier mount that stopped before staging it", record.path)
+        return done
+
+    def snapshot(self) -> dict[str, int]:
+        with self._mu:
+            return {"parked": len(self._parked), "parked_bytes": sum(f.size for f in self._parked.values()),
+                    "staged": self.staged, "inline": self.inline}
+
+    def shutdown(self) -> None:
+        """Let the queued stagings run out, then release the journal."""
+        self._executor.shutdown(wait=True)
+        self.journal.close()

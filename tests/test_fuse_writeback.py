@@ -1,0 +1,204 @@
+"""``fabric mount --writeback`` (fuse/writeback.py, fuse/journal.py): fsync and close return
+once the file is on the mount's disk, the file is staged in the background, a killed mount
+stages what it parked when started again, and a full backlog slows the writer instead."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from fabric.util.processes import process_alive
+from fuse.journal import Journal, Record
+from tests.fuse_helpers import _state, fabric, force_unmount, mount_log, mounted, needs_fuse
+from tests.hubserver import unique_name
+from tests.spokeserver import start_restartable_hub, wait_for
+
+
+def _records(write_dir) -> list[str]:
+    return sorted(n for n in os.listdir(os.path.join(write_dir, "writeback")) if n.endswith(".json"))
+
+
+def _timed_fsync_and_close(f) -> float:
+    t0 = time.monotonic()
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+    return time.monotonic() - t0
+
+
+# -- the journal on its own ----------------------------------------------------------------
+def _record(rid: str, path: str, branch: str = "main") -> Record:
+    return Record(rid, "repo", branch, path, 0o644, 0, 0, 1, 1, {})
+
+
+def test_journal_keeps_whole_records_and_drops_leftovers(tmp_path):
+    journal = Journal(str(tmp_path))
+    fd = os.open(tmp_path, os.O_RDWR | os.O_TMPFILE, 0o600)
+    os.write(fd, b"parked bytes")
+    journal.link("a", fd)
+    journal.write(_record("a", "x/a.bin"), durable=True)
+    os.write(fd, b" and more")  # (the record's data is the file itself, not a copy)
+    os.close(fd)
+    wb = tmp_path / "writeback"
+    (wb / "orphan.data").write_bytes(b"a fsync that never returned")
+    (wb / "half.json.tmp").write_text("{")
+    (wb / "bad.json").write_text("not json")
+    (wb / "bad.data").write_bytes(b"")
+    (wb / "nodata.json").write_text('{"repo": "r", "branch": "b", "path": "p", "mode": 420, "uid": 0, "gid": 0, "mtime_ns": 1, "ctime_ns": 1}')
+
+    records = journal.records()
+
+    assert [(r.id, r.path) for r in records] == [("a", "x/a.bin")]
+    assert open(journal.data_path("a"), "rb").read() == b"parked bytes and more"
+    assert sorted(os.listdir(wb)) == [".lock", "a.data", "a.json", "bad.data", "bad.json"]  # (bad: left for a person)
+    journal.drop("a")
+    assert journal.records() == []
+    journal.close()
+
+
+def test_a_second_journal_on_one_write_dir_is_refused_with_the_holder(tmp_path):
+    from fabric.errors import BadRequest
+
+    first = Journal(str(tmp_path))
+    with pytest.raises(BadRequest, match=f"in use by another mount \\(pid {os.getpid()}\\)"):
+        Journal(str(tmp_path))
+    first.close()
+    Journal(str(tmp_path)).close()  # free again once the first is closed
+
+
+# -- mounts ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _hub_with_repo(tmp_path) -> Iterator[tuple]:
+    """A hub the test may kill and start again, and a new repository on it."""
+    with start_restartable_hub(tmp_path / "hub") as hub:
+        plane = hub.plane()
+        repo = unique_name("wb")
+        plane.create_repo(repo)
+        yield hub, plane, repo
+
+
+@needs_fuse
+def test_writeback_needs_rw_and_a_write_dir_and_one_mount_per_write_dir(hub, tmp_path):
+    repo = unique_name("wbbad")
+    hub.plane().create_repo(repo)
+    mp = str(tmp_path / "mnt")
+    os.makedirs(mp)
+    os.makedirs(tmp_path / "mnt2")
+    no_rw = fabric("mount", hub.url, f"{repo}@main", mp, "--writeback", "--write-dir", str(tmp_path / "w"), token=hub.token, check=False)
+    assert no_rw.returncode == 2 and "--writeback needs --rw" in no_rw.stderr
+    no_dir = fabric("mount", hub.url, f"{repo}@main", mp, "--rw", "--writeback", token=hub.token, check=False)
+    assert no_dir.returncode == 2 and "--writeback needs --write-dir" in no_dir.stderr
+    assert not os.path.ismount(mp) and not os.path.exists(tmp_path / "w")
+    with mounted(hub.url, hub.token, f"{repo}@main", mp, "--rw", "--writeback", "--write-dir", str(tmp_path / "w")):
+        second = fabric("mount", hub.url, f"{repo}@main", str(tmp_path / "mnt2"), "--rw", "--writeback",
+                        "--write-dir", str(tmp_path / "w"), token=hub.token, check=False)
+        assert second.returncode != 0 and "in use by another mount" in second.stderr
+        assert not os.path.ismount(tmp_path / "mnt2")
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_fsync_returns_with_the_server_away_and_a_killed_mount_stages_its_parked_files_when_restarted(tmp_path):
+    with _hub_with_repo(tmp_path) as (hub, plane, repo):
+        plane.put_object(repo, "main", "old.txt", io.BytesIO(b"committed before\n"))
+        plane.commit(repo, "main", "base")
+        write_dir = tmp_path / "writes"
+        mp = str(tmp_path / "mnt")
+        os.makedirs(mp)
+        opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--server-timeout", "60", "--log-file", mp + ".mount.log")
+        fabric("mount", hub.url, f"{repo}@main", mp, *opts, token=hub.token)
+        pid = _state(mp)["pid"]
+        try:
+            shard = os.urandom(6 * 1024 * 1024)
+            assert open(f"{mp}/old.txt").read() == "committed before\n"
+            files = {name: open(f"{mp}/{name}", "wb") for name in ("shard.bin", "note.txt", "gone.bin")}
+            files["shard.bin"].write(shard)
+            files["note.txt"].write(b"a small one")
+            files["gone.bin"].write(b"unlinked before it was staged")
+            hub.kill()
+            # Each returns once its file is on the mount's disk: no server needed.
+            files["shard.bin"].flush()
+            t0 = time.monotonic()
+            os.fsync(files["shard.bin"].fileno())
+            with open(f"{mp}/shard.bin", "rb") as f:
+                assert f.read() == shard  # read-your-writes while parked (and open: not being staged yet)
+            waits = [time.monotonic() - t0] + [_timed_fsync_and_close(f) for f in files.values()]
+            assert max(waits) < 5.0, waits
+            assert len(_records(write_dir)) == 3
+            t0 = time.monotonic()
+            os.unlink(f"{mp}/gone.bin")  # (its staging, after its close, waits for the server)
+            assert time.monotonic() - t0 < 5.0, "an unlink waited for a staging of the file"
+            assert len(_records(write_dir)) == 2  # its record is gone with it
+            assert os.stat(f"{mp}/note.txt").st_size == len(b"a small one")
+            assert not os.path.exists(f"{mp}/gone.bin")
+            os.kill(pid, signal.SIGKILL)
+        finally:
+            force_unmount(mp)
+        wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
+
+        hub.start()
+        # A record of another branch, in the same journal: left for a mount of it.
+        foreign = Journal(str(write_dir))
+        fd = os.open(write_dir, os.O_RDWR | os.O_TMPFILE, 0o600)
+        os.write(fd, b"for another branch")
+        foreign.link("foreign", fd)
+        os.close(fd)
+        foreign.write(Record("foreign", repo, "other", "f.txt", 0o644, 0, 0, 1, 1, {}), durable=True)
+        foreign.close()
+
+        with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
+            assert sorted(os.listdir(again)) == ["note.txt", "old.txt", "shard.bin"]
+            assert _records(write_dir) == ["foreign.json"]
+            log = mount_log(mp)
+            assert "staged 2 file(s) left in the write-back journal" in log
+            assert "is for " + repo + "@other" in log
+        plane.commit(repo, "main", "after the restart")
+        assert plane.read(repo, "main", "shard.bin") == shard
+        assert plane.read(repo, "main", "note.txt") == b"a small one"
+        assert sorted(p for p, _ in plane.walk(repo, "main")) == ["note.txt", "old.txt", "shard.bin"]
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_a_full_backlog_makes_fsync_stage_its_file_before_returning(tmp_path):
+    with _hub_with_repo(tmp_path) as (hub, plane, repo):
+        write_dir = tmp_path / "writes"
+        opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--writeback-backlog", "1M", "--server-timeout", "60")
+        with mounted(hub.url, hub.token, f"{repo}@main", tmp_path / "mnt", *opts) as mp:
+            small, big = os.urandom(300 * 1024), os.urandom(2 * 1024 * 1024)
+            hub.kill()
+            with open(f"{mp}/small.bin", "wb") as f:
+                f.write(small)
+                assert _timed_fsync_and_close(f) < 5.0  # fits the backlog: parked
+            done = threading.Event()
+            failed: list[BaseException] = []
+
+            def write_big() -> None:
+                try:
+                    with open(f"{mp}/big.bin", "wb") as f:
+                        f.write(big)
+                        f.flush()
+                        os.fsync(f.fileno())
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    failed.append(exc)
+                finally:
+                    done.set()
+
+            t = threading.Thread(target=write_big)
+            t.start()
+            assert not done.wait(3.0), "fsync beyond the backlog returned while the server was away"
+            hub.start()
+            assert done.wait(60) and not failed, failed
+            t.join()
+            assert len(_records(write_dir)) <= 1  # big.bin was staged, never parked
+            wait_for(lambda: not _records(write_dir), timeout=60, interval=0.2)  # small.bin reaches it too
+        plane.commit(repo, "main", "both")
+        assert plane.read(repo, "main", "big.bin") == big
+        assert plane.read(repo, "main", "small.bin") == small
