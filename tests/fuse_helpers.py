@@ -60,9 +60,17 @@ def fabric(*args: str, token: str | None = None, check: bool = True, timeout: fl
     return proc
 
 
+def _listed_as_mount(mountpoint: str) -> bool:
+    """In the mount table (also a FUSE mount whose process died: ``os.path.ismount`` then
+    fails with ENOTCONN and says False)."""
+    target = os.path.realpath(mountpoint)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == target for line in f if len(line.split()) > 1)
+
+
 def force_unmount(mountpoint: str) -> None:
     for cmd in (["fusermount3", "-u", "-z", mountpoint], ["umount", "-l", mountpoint]):
-        if not os.path.ismount(mountpoint):
+        if not _listed_as_mount(mountpoint):
             return
         subprocess.run(cmd, capture_output=True)
 

@@ -19,6 +19,7 @@ from fuse.journal import Journal, Record
 from tests.fuse_helpers import _state, fabric, force_unmount, mount_log, mounted, needs_fuse
 from tests.hubserver import unique_name
 from tests.spokeserver import start_restartable_hub, wait_for
+from testbed.wanproxy import WanProxy
 
 
 def _records(write_dir) -> list[str]:
@@ -202,3 +203,41 @@ def test_a_full_backlog_makes_fsync_stage_its_file_before_returning(tmp_path):
         plane.commit(repo, "main", "both")
         assert plane.read(repo, "main", "big.bin") == big
         assert plane.read(repo, "main", "small.bin") == small
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_a_mount_killed_while_it_stages_parked_files_stages_them_whole_when_restarted(tmp_path):
+    """kill -9 of the mount while its workers chunk, upload and stage the files just closed (some
+    chunks at the server, some files staged, some not): the restarted mount stages every file
+    the journal still holds, and the branch ends with exactly what was written."""
+    with _hub_with_repo(tmp_path) as (hub, plane, repo):
+        link = WanProxy("127.0.0.1", hub.port, rate_mbit=100).start()  # (so that the kill finds stagings under way)
+        write_dir = tmp_path / "writes"
+        mp = str(tmp_path / "mnt")
+        os.makedirs(mp)
+        opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--log-file", mp + ".mount.log")
+        fabric("mount", link.url_for(), f"{repo}@main", mp, *opts, token=hub.token)
+        pid = _state(mp)["pid"]
+        shards = {f"ckpt/shard{i}.bin": os.urandom(12 * 1024 * 1024) for i in range(4)}
+        try:
+            os.mkdir(f"{mp}/ckpt")
+            for name, data in shards.items():
+                with open(f"{mp}/{name}", "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            assert len(_records(write_dir)) == 4
+            time.sleep(1.0)  # (the workers are sending: 48 MiB take about 4 s at 100 Mbit/s)
+            os.kill(pid, signal.SIGKILL)
+        finally:
+            force_unmount(mp)
+            link.stop()
+        wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
+        assert len(_records(write_dir)) >= 1  # the kill came before every file was staged
+        with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
+            assert sorted(os.listdir(f"{again}/ckpt")) == sorted(n.split("/")[1] for n in shards)
+            assert not _records(write_dir)
+        plane.commit(repo, "main", "after the kill")
+        for name, data in shards.items():
+            assert plane.read(repo, "main", name) == data, name
