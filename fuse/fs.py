@@ -188,9 +188,7 @@ class FabricFS(mfusepy.Operations):
         flags = fi.flags
         if (flags & os.O_ACCMODE) != os.O_RDONLY or flags & os.O_TRUNC:
             self.writes.open_for_writing(p, fi, truncate=bool(flags & os.O_TRUNC))
-        elif (wf := self.state.files.get(p)) is not None:
-            self.writes.open_for_reading(wf, fi)
-        else:
+        elif (wf := self.state.files.get(p)) is None or not self.writes.open_for_reading(wf, fi):
             self.reads.open(p, fi)
         return 0
 

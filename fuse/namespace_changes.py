@@ -173,7 +173,7 @@ class NamespaceChanges:
         if flags & ~RENAME_NOREPLACE:
             raise err(errno.EINVAL)  # RENAME_EXCHANGE / RENAME_WHITEOUT
         check_path(dst)
-        if src == dst:
+        if src == dst or self._rename_parked(src, dst):
             return
         # Stage what is still local first (before holding the names: uploads can be long).
         for wp, wf in list(st.files.items()):
@@ -239,6 +239,28 @@ class NamespaceChanges:
                 st.inodes.renamed(moves)
                 linkgroups.refresh_local(st, changes, "")
             linkgroups.invalidate(st, changes, dst)
+
+    def _rename_parked(self, src: str, dst: str) -> bool:
+        """With ``--writeback``: rename a file that exists only on this mount (never staged) to a
+        free name of its directory without the server; its journal record takes the new name and
+        it is staged there later (a checkpoint's ``.metadata.tmp`` -> ``.metadata``). False when
+        the rename needs the general path."""
+        st = self.state
+        writeback = self.writes.writeback
+        if writeback is None or split(src)[0] != split(dst)[0]:
+            return False
+        with st.names.hold(src, dst):
+            wf = st.files.get(src)
+            if wf is None or wf.on_server or wf.unlinked or dst in st.files or st.entry(dst) is not None:
+                return False
+            now = time.time_ns()
+            with st.mu:
+                self._move_local(src, dst, False, now)
+                st.inodes.renamed([(src, dst, wf.stat_entry())])
+                st.bump_dir(split(dst)[0], now)
+                wf.dir_touched = now  # (its directory's new times are staged with it)
+            writeback.moved(wf)
+        return True
 
     def _walk_fresh(self, d: str) -> list[tuple[str, Entry]]:
         """Every entry below directory ``d`` as the branch has it now (the walk retried as a whole)."""

@@ -242,12 +242,16 @@ class ReadPath:
             return h.reader.read_into(dst, offset)
         if isinstance(h, WHandle):
             wf = h.wf
-            with wf.lock:
+            held = wf.hold_unless_staging()  # (a staging of it changes nothing this reads)
+            try:
                 if wf.fd is not None:
                     data = wf.read(offset, len(dst))
                     dst[: len(data)] = data
                     return len(data)
                 base = wf.base
+            finally:
+                if held:
+                    wf.lock.release()
             assert base is not None
             if h.reader is None or h.reader_base is not base:
                 h.reader, h.reader_base = self.reader_for(base), base

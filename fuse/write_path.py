@@ -100,16 +100,25 @@ class WritePath:
                 wf.materialize(None)
                 wf.truncate(0)
             self._stream(wf)
-            wf.opens += 1
+            wf.count_open(1)
         fi.fh = self.state.handles.add(WHandle(wf, True))
         fi.keep_cache = 0
 
-    def open_for_reading(self, wf: WFile, fi: Any) -> None:
-        """Open a file with local state for reading (read-your-writes)."""
-        with wf.lock:
-            wf.opens += 1
+    def open_for_reading(self, wf: WFile, fi: Any) -> bool:
+        """Open a file with local state for reading (read-your-writes), also while it is being
+        staged; False if its local state was forgotten meanwhile (it is staged: open that)."""
+        held = wf.hold_unless_staging()
+        try:
+            with wf.opens_mu:
+                if wf.dropped:
+                    return False
+                wf.opens += 1
+        finally:
+            if held:
+                wf.lock.release()
         fi.fh = self.state.handles.add(WHandle(wf, False))
         fi.keep_cache = 0
+        return True
 
     def create(self, p: str, mode: int, fi: Any) -> None:
         st = self.state
@@ -119,7 +128,7 @@ class WritePath:
             uid, gid, mode = st.new_owner(p, mode & 0o7777, False)
             wf = WFile(p, None, self._write_dir(), mode, uid, gid)
             self._stream(wf)
-            wf.opens += 1
+            wf.count_open(1)
             with st.mu:
                 st.files[p] = wf
                 st.times.pop(p, None)
@@ -207,8 +216,7 @@ class WritePath:
         h = self.state.handles.pop(fh)
         if isinstance(h, WHandle):
             wf = h.wf
-            with wf.lock:
-                wf.opens -= 1
+            wf.count_open(-1)  # (not under wf.lock: a staging of it may hold that, waiting for the server)
             try:
                 if h.writable and self.writeback is not None:
                     self.writeback.park(wf, durable=False)
@@ -312,8 +320,10 @@ class WritePath:
         """Forget a file's local state once it is staged and no handle uses it."""
         st = self.state
         with wf.lock:
-            if wf.opens > 0 or (wf.dirty and not wf.unlinked):
-                return
+            with wf.opens_mu:
+                if wf.opens > 0 or (wf.dirty and not wf.unlinked):
+                    return
+                wf.dropped = True
             self.discard(wf)
             with st.mu:
                 if wf.path is not None and st.files.get(wf.path) is wf:

@@ -22,9 +22,11 @@ threads would compete with the writer for the CPU and lengthen the very writes f
 for (measured: 256 MiB from 4 writers took 0.13-0.17 s to write without it, 0.28-0.37 s with
 it, and the checkpoint reached the hub no sooner).
 
-Ordering: a rename of a parked file stages it first, inline (the rename names a staged
-file, as without write-back), so a checkpoint's final ``.metadata`` rename waits only for
-its own small file; an unlink drops its record (a killed mount never brings it back).
+Ordering: a rename of a file that exists only on this mount to a free name in its directory
+(a checkpoint's final ``.metadata.tmp`` -> ``.metadata``) is made on the mount alone: the
+record takes the new name (:meth:`NamespaceChanges._rename_parked`). Any other rename of a
+parked file stages it first, inline, as without write-back. An unlink drops the record (a
+killed mount never brings the file back).
 ``--commit-interval`` and ``--commit-on-unmount`` stage every parked file before committing.
 
 Back-pressure: at most ``--writeback-backlog`` bytes are parked at once; a fsync or close
@@ -95,17 +97,28 @@ class WriteBack:
 
     def _record(self, wf: WFile, durable: bool) -> None:
         """Write ``wf``'s record (``wf.lock`` held)."""
-        assert wf.fd is not None and wf.path is not None and self.state.branch is not None
+        assert wf.fd is not None
         rid = wf.journal_id
         if rid is None:
             rid = self.journal.new_id()
             self.journal.link(rid, wf.fd)
-        record = Record(rid, self.state.repo, self.state.branch, wf.path, wf.mode, wf.uid, wf.gid, wf.mtime_ns, wf.ctime_ns, dict(wf.meta))
-        self.journal.write(record, durable)
+        self.journal.write(self._record_of(wf, rid), durable)
         wf.journaled_generation = wf.generation
         with self._mu:
             wf.journal_id = rid
             self._parked[id(wf)] = wf
+
+    def _record_of(self, wf: WFile, rid: str) -> Record:
+        assert wf.path is not None and self.state.branch is not None
+        return Record(rid, self.state.repo, self.state.branch, wf.path, wf.mode, wf.uid, wf.gid, wf.mtime_ns, wf.ctime_ns, dict(wf.meta))
+
+    def moved(self, wf: WFile) -> None:
+        """``wf`` was renamed (its names held by the caller: no staging of it stages
+        meanwhile); its record, if parked, names the new path."""
+        with self._mu:
+            rid = wf.journal_id
+        if rid is not None:
+            self.journal.write(self._record_of(wf, rid), durable=False)
 
     def _parked_bytes(self, wf: WFile) -> int:
         with self._mu:

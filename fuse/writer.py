@@ -132,7 +132,9 @@ class WFile:
         self.dir_touched = 0 if base else now
         self.atime_ns = now
         self.meta = dict(base.meta) if base else {}
-        self.opens = 0
+        self.opens = 0  # handles open on it; changed under opens_mu (and lock, but for open_for_reading)
+        self.opens_mu = threading.Lock()
+        self.dropped = False  # its local state is forgotten (set with opens 0, under opens_mu)
         self.generation = 1  # bumped by every change
         self.synced_generation = 0 if base is None else 1  # a new file is not on the server yet
         self.content_generation = 1  # generation of the last content change
@@ -175,6 +177,19 @@ class WFile:
     def on_server(self) -> bool:
         """Has some version of this path been staged (so an unlink must stage a delete)?"""
         return self.base is not None
+
+    def count_open(self, delta: int) -> None:
+        with self.opens_mu:
+            self.opens += delta
+
+    def hold_unless_staging(self) -> bool:
+        """Take ``lock``, unless a staging of this file holds it (it may be waiting for an
+        unreachable server): False then, and nothing may change the content or close the local
+        file until it ends. Readers need only that."""
+        while not self.lock.acquire(timeout=0.05):
+            if self.syncing:
+                return False
+        return True
 
     def touch(self, content: bool = True) -> None:
         now = time.time_ns()

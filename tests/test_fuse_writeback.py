@@ -16,10 +16,10 @@ import pytest
 
 from fabric.util.processes import process_alive
 from fuse.journal import Journal, Record
+from testbed.wanproxy import WanProxy
 from tests.fuse_helpers import _state, fabric, force_unmount, mount_log, mounted, needs_fuse
 from tests.hubserver import unique_name
 from tests.spokeserver import start_restartable_hub, wait_for
-from testbed.wanproxy import WanProxy
 
 
 def _records(write_dir) -> list[str]:
@@ -119,10 +119,11 @@ def test_fsync_returns_with_the_server_away_and_a_killed_mount_stages_its_parked
         try:
             shard = os.urandom(6 * 1024 * 1024)
             assert open(f"{mp}/old.txt").read() == "committed before\n"
-            files = {name: open(f"{mp}/{name}", "wb") for name in ("shard.bin", "note.txt", "gone.bin")}
+            files = {name: open(f"{mp}/{name}", "wb") for name in ("shard.bin", "note.txt", "gone.bin", ".metadata.tmp")}
             files["shard.bin"].write(shard)
             files["note.txt"].write(b"a small one")
             files["gone.bin"].write(b"unlinked before it was staged")
+            files[".metadata.tmp"].write(b"renamed before it was staged")
             hub.kill()
             # Each returns once its file is on the mount's disk: no server needed.
             files["shard.bin"].flush()
@@ -132,13 +133,20 @@ def test_fsync_returns_with_the_server_away_and_a_killed_mount_stages_its_parked
                 assert f.read() == shard  # read-your-writes while parked (and open: not being staged yet)
             waits = [time.monotonic() - t0] + [_timed_fsync_and_close(f) for f in files.values()]
             assert max(waits) < 5.0, waits
-            assert len(_records(write_dir)) == 3
+            assert len(_records(write_dir)) == 4
+            t0 = time.monotonic()
+            os.rename(f"{mp}/.metadata.tmp", f"{mp}/.metadata")  # a file only the mount has: no server needed
+            assert time.monotonic() - t0 < 5.0
+            assert not os.path.exists(f"{mp}/.metadata.tmp") and open(f"{mp}/.metadata", "rb").read() == b"renamed before it was staged"
+            assert len(_records(write_dir)) == 4
             t0 = time.monotonic()
             os.unlink(f"{mp}/gone.bin")  # (its staging, after its close, waits for the server)
             assert time.monotonic() - t0 < 5.0, "an unlink waited for a staging of the file"
-            assert len(_records(write_dir)) == 2  # its record is gone with it
-            assert os.stat(f"{mp}/note.txt").st_size == len(b"a small one")
-            assert not os.path.exists(f"{mp}/gone.bin")
+            assert len(_records(write_dir)) == 3  # its record is gone with it
+            time.sleep(0.5)  # (the workers are now staging the closed files, waiting for the server)
+            t0 = time.monotonic()
+            assert open(f"{mp}/note.txt", "rb").read() == b"a small one"  # opened and read during its staging
+            assert time.monotonic() - t0 < 5.0, "a read waited for the staging of its file"
             os.kill(pid, signal.SIGKILL)
         finally:
             force_unmount(mp)
@@ -155,15 +163,16 @@ def test_fsync_returns_with_the_server_away_and_a_killed_mount_stages_its_parked
         foreign.close()
 
         with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
-            assert sorted(os.listdir(again)) == ["note.txt", "old.txt", "shard.bin"]
+            assert sorted(os.listdir(again)) == [".metadata", "note.txt", "old.txt", "shard.bin"]
             assert _records(write_dir) == ["foreign.json"]
             log = mount_log(mp)
-            assert "staged 2 file(s) left in the write-back journal" in log
+            assert "staged 3 file(s) left in the write-back journal" in log
             assert "is for " + repo + "@other" in log
         plane.commit(repo, "main", "after the restart")
         assert plane.read(repo, "main", "shard.bin") == shard
         assert plane.read(repo, "main", "note.txt") == b"a small one"
-        assert sorted(p for p, _ in plane.walk(repo, "main")) == ["note.txt", "old.txt", "shard.bin"]
+        assert plane.read(repo, "main", ".metadata") == b"renamed before it was staged"
+        assert sorted(p for p, _ in plane.walk(repo, "main")) == [".metadata", "note.txt", "old.txt", "shard.bin"]
 
 
 @needs_fuse
