@@ -219,7 +219,7 @@ class FabricFS(mfusepy.Operations):
         return 0
 
     @op
-    def write(self, path: str | None, data: bytes, offset: int, fi: Any) -> int:
+    def write(self, path: str | None, data: bytes | memoryview, offset: int, fi: Any) -> int:
         return self.writes.write(fi.fh, data, offset)
 
     @op

@@ -92,6 +92,12 @@ class FabricFUSE(mfusepy.FUSE):
         dst = memoryview((ctypes.c_char * size).from_address(ctypes.cast(buf, ctypes.c_void_p).value or 0)).cast("B")
         return self.operations.read(self._p(path), dst, offset, fip.contents)
 
+    def write(self, path: bytes | None, buf, size: int, offset: int, fip) -> int:
+        """The operations get the kernel's bytes in place (a view valid during the call only),
+        so they reach the local file in one copy."""
+        data = memoryview((ctypes.c_char * size).from_address(ctypes.cast(buf, ctypes.c_void_p).value or 0)).cast("B")
+        return self.operations.write(self._p(path), data, offset, fip.contents)
+
     def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):
         if not flags & FUSE_READDIR_PLUS:
             return super().readdir_fuse_3(path, buf, filler, offset, fip, flags)

@@ -106,7 +106,7 @@ class ContentStream:
         self._chunker = StreamChunker(new_sink)  # used by one consuming thread at a time
 
     # -- the writer's side (called with the file's lock held) ---------------------------
-    def write(self, data: bytes, offset: int) -> int:
+    def write(self, data: bytes | memoryview, offset: int) -> int:
         """``pwrite`` ``data`` at ``offset``; breaks the stream unless it lands at or past the
         claimed bytes and leaves no hole."""
         with self.mu:

@@ -157,7 +157,7 @@ class WritePath:
             raise err(errno.EBADF)
         return h
 
-    def write(self, fh: int, data: bytes, offset: int) -> int:
+    def write(self, fh: int, data: bytes | memoryview, offset: int) -> int:
         wf = self._writable_handle(fh).wf
         with wf.lock:
             self._materialize(wf)

@@ -234,7 +234,7 @@ class WFile:
             return b""
         return os.pread(self.fd, end - offset, offset)
 
-    def write(self, data: bytes, offset: int) -> int:
+    def write(self, data: bytes | memoryview, offset: int) -> int:
         assert self.fd is not None
         if self.stream is not None:
             n = self.stream.write(data, offset)
