@@ -48,13 +48,17 @@ def _assert_equal(a: dict, b: dict) -> None:
             assert torch.equal(a[k], b[k]), k
 
 
-def test_distributed_checkpoint_roundtrip(hub, tmp_path):
+@pytest.mark.parametrize("writeback", [False, True], ids=["staged-at-fsync", "writeback"])
+def test_distributed_checkpoint_roundtrip(hub, tmp_path, writeback):
+    """With ``--writeback`` the shards are staged after their close, and the final rename of
+    ``.metadata.tmp`` (a file only the mount has) is made on the mount alone."""
     repo = unique_name("ckpt")
     hub.plane().create_repo(repo)
     sd = _state_dict(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with mounted(hub.url, hub.token, f"{repo}@main", tmp_path / "mnt", "--rw") as mnt:
+        options = ("--rw", "--writeback", "--write-dir", str(tmp_path / "writes")) if writeback else ("--rw",)
+        with mounted(hub.url, hub.token, f"{repo}@main", tmp_path / "mnt", *options) as mnt:
             ckpt = os.path.join(mnt, "run1", "step-100")
             os.makedirs(ckpt)
             writer = dcp.FileSystemWriter(ckpt, thread_count=4, sync_files=True, single_file_per_rank=False)
@@ -70,6 +74,8 @@ def test_distributed_checkpoint_roundtrip(hub, tmp_path):
             dcp.save(sd2, storage_writer=dcp.FileSystemWriter(ckpt, thread_count=2, overwrite=True))
         log = mount_log(str(tmp_path / "mnt"))
         assert "ERROR" not in log, log[-3000:]
+        if writeback:  # (unmounting staged every parked file)
+            assert [n for n in os.listdir(tmp_path / "writes" / "writeback") if n != ".lock"] == []
         fabric("--server", hub.url, "commit", f"{repo}@main", "-m", "checkpoint", token=hub.token)
         with mounted(hub.url, hub.token, f"{repo}@main", tmp_path / "again") as mnt:
             loaded = _empty_like(sd2)
