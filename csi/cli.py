@@ -23,7 +23,7 @@ URL, or a comma-separated list) and a share (REPO@REF[/subdir]); a StorageClass'
 parameters name server, share, subDir (with ${pvc.metadata.namespace},
 ${pvc.metadata.name}, ${pv.metadata.name}) and onDelete (retain, delete,
 archive). Mount options: ro, durability=local|replicated|hub, cache-size=SIZE,
-commit-interval=SECONDS, commit-on-unmount. Tokens come from the CSI secrets
+commit-interval=SECONDS, commit-on-unmount, writeback. Tokens come from the CSI secrets
 (key "token"), never from command lines or logs.
 
 With --local-spoke URL=DIR, a volume whose nearest server is the spoke on this

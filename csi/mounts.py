@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from csi.volumes import MountOptions, Volume
 from fabric.cache.spoke_layout import holds_chunk_cache
+from fabric.util.dirlock import DirectoryInUse, DirLock
 from fabric.util.jsonfile import write_json
 from fabric.util.processes import process_alive
 
@@ -36,6 +37,8 @@ log = logging.getLogger("fabric.csi")
 
 MOUNT_TIMEOUT = 150.0  # `fabric mount` waits up to 120 s for the mount to be ready
 UNMOUNT_TIMEOUT = 60.0
+#: Write-back directories per volume and node (one per live writeback mount of it).
+WRITE_DIRS = 64
 
 
 class MountFailed(Exception):
@@ -107,7 +110,7 @@ class Mounts:
 
     def __init__(self, state_dir: str):
         self.state_dir = os.path.abspath(state_dir)
-        for sub in ("publications", "mnt", "cache", "logs", "fuse"):
+        for sub in ("publications", "mnt", "cache", "logs", "fuse", "writes"):
             os.makedirs(os.path.join(self.state_dir, sub), mode=0o700, exist_ok=True)
 
     # -- records ---------------------------------------------------------------
@@ -176,10 +179,28 @@ class Mounts:
             raise
         return pub
 
+    def _write_dir(self, req: PublishRequest) -> str | None:
+        """For a writable publish with ``writeback``: the first of the volume's write
+        directories on this node that no live mount holds. One a killed mount left holds its
+        journal, which the new mount stages before it serves (so a pod restarted on this node
+        finds what its last checkpoint parked); several pods of one volume get one each."""
+        if not (req.options.writeback and req.writable):
+            return None
+        vol = req.volume
+        base = hashlib.sha256(f"{vol.server}|{vol.share}".encode()).hexdigest()[:20]
+        for i in range(WRITE_DIRS):
+            candidate = os.path.join(self.state_dir, "writes", f"{base}-{i}")
+            try:
+                DirLock(candidate, "write-back directory").release()
+            except DirectoryInUse:
+                continue
+            return candidate
+        raise MountFailed(f"{WRITE_DIRS} writeback mounts of {vol.share} already run on this node")
+
     def _start_mount(self, req: PublishRequest, private: str, token: str | None, key: str) -> int:
         vol = req.volume
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", vol.server, f"{vol.repo}@{vol.ref}", private, "--allow-other"]
-        argv += req.options.mount_args(os.path.join(self.state_dir, "cache", key))
+        argv += req.options.mount_args(os.path.join(self.state_dir, "cache", key), self._write_dir(req))
         argv += _spoke_cache_args(req)
         argv += ["--log-file", os.path.join(self.state_dir, "logs", key + ".log")]
         if req.writable:

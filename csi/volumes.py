@@ -147,12 +147,16 @@ class MountOptions:
     cache_size: str = ""
     commit_interval: str = ""
     commit_on_unmount: bool = False
+    writeback: bool = False
 
-    def mount_args(self, cache_dir: str) -> list[str]:
-        """``cache-size`` keeps chunks on the node's disk, in ``cache_dir``, up to that size."""
+    def mount_args(self, cache_dir: str, write_dir: str | None = None) -> list[str]:
+        """``cache-size`` keeps chunks on the node's disk, in ``cache_dir``, up to that size;
+        ``writeback`` parks writes in ``write_dir`` (given for a writable publish only)."""
         args = ["--durability", self.durability]
         if self.cache_size:
             args += ["--cache-dir", cache_dir, "--cache-size", self.cache_size]
+        if self.writeback and write_dir:
+            args += ["--writeback", "--write-dir", write_dir]
         if self.commit_interval:
             args += ["--commit-interval", self.commit_interval]
         if self.commit_on_unmount:
@@ -161,7 +165,8 @@ class MountOptions:
 
 
 def parse_mount_flags(flags: list[str]) -> MountOptions:
-    """``ro``, ``durability=…``, ``cache-size=…``, ``commit-interval=…``, ``commit-on-unmount``."""
+    """``ro``, ``durability=…``, ``cache-size=…``, ``commit-interval=…``, ``commit-on-unmount``,
+    ``writeback``."""
     values: dict = {}
     for flag in flags:
         for item in flag.split(","):
@@ -178,9 +183,11 @@ def parse_mount_flags(flags: list[str]) -> MountOptions:
                 values["commit_interval"] = value
             elif key == "commit-on-unmount" and not eq:
                 values["commit_on_unmount"] = True
+            elif key == "writeback" and not eq:
+                values["writeback"] = True
             else:
                 raise VolumeError(
                     f"mount option {item.strip()!r}: fabric volumes take ro, durability=local|replicated|hub, "
-                    "cache-size=SIZE, commit-interval=SECONDS and commit-on-unmount"
+                    "cache-size=SIZE, commit-interval=SECONDS, commit-on-unmount and writeback"
                 )
     return MountOptions(**values)

@@ -9,7 +9,8 @@ Layout, in ``<write-dir>/writeback/``:
   ``uid``, ``gid``, ``mtime_ns``, ``ctime_ns``, ``meta``. Written to a temporary name and
   renamed, so it is whole or absent; a ``.data`` without its ``.json`` is a file whose
   record never completed (its fsync had not returned), and is deleted at the next start.
-- ``.lock``: held (``flock``) by the one mount that uses the directory.
+The ``--write-dir`` itself is locked (:class:`~fabric.util.dirlock.DirLock`) by the one mount
+that uses it, for its lifetime: a second is refused, and a killed one's lock is gone with it.
 
 A record is written when the file's fsync or close parks it (:mod:`fuse.writeback`) and
 removed once the mount has staged the version it recorded, or when the file is unlinked.
@@ -18,7 +19,6 @@ removed once the mount has staged the version it recorded, or when the file is u
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import json
 import logging
 import os
@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabric.errors import BadRequest
+from fabric.util.dirlock import DirLock
 
 log = logging.getLogger("fabric.fuse")
 
@@ -75,19 +75,9 @@ class Journal:
     """The journal directory of one mount, locked for its lifetime."""
 
     def __init__(self, write_dir: str) -> None:
+        self._lock = DirLock(write_dir, "write-back directory (--write-dir)")
         self.dir = os.path.join(write_dir, DIRNAME)
         os.makedirs(self.dir, exist_ok=True)
-        self._lock_fd = os.open(os.path.join(self.dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self._lock_fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(self._lock_fd)
-            raise BadRequest(
-                f"--write-dir {write_dir!r} is in use by another mount (pid {holder}): each --writeback mount needs its own"
-            ) from None
-        os.ftruncate(self._lock_fd, 0)
-        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
 
     def new_id(self) -> str:
         return uuid.uuid4().hex
@@ -155,4 +145,4 @@ class Journal:
             os.close(fd)
 
     def close(self) -> None:
-        os.close(self._lock_fd)
+        self._lock.release()

@@ -355,6 +355,36 @@ def test_restarting_the_driver_leaves_a_volume_being_read_mounted(hub, repo, tmp
         assert not is_mounted(target) and not os.path.exists(target)
 
 
+def test_a_writeback_volume_restarted_on_the_node_takes_over_its_dead_mounts_write_dir(hub, repo, driver, tmp_path):
+    """``writeback``: the mount parks fsynced files in a write directory of the node's; a pod
+    whose mount was killed and that is published again on the node gets that same directory,
+    so what the killed mount parked is staged before the new one serves."""
+    context = {"server": hub.url, "share": f"{repo}@main/wb"}
+    hub.plane().put_object(repo, "main", "wb/.keep", io.BytesIO(b""))
+    first, second = str(tmp_path / "pod-1" / "mount"), str(tmp_path / "pod-2" / "mount")
+    os.makedirs(os.path.dirname(first)), os.makedirs(os.path.dirname(second))
+    publish(driver, "wb-vol", first, hub.token, context, RWX, "writeback")
+    pub = Mounts(driver.state).get(first)
+    with open(f"/proc/{pub.pid}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    write_dir = argv[argv.index(b"--write-dir") + 1].decode()
+    assert b"--writeback" in argv and write_dir.startswith(os.path.join(driver.state, "writes"))
+    with open(os.path.join(first, "step-1.bin"), "wb") as f:
+        f.write(b"parked by the first pod\n")
+        os.fsync(f.fileno())
+    os.kill(pub.pid, signal.SIGKILL)
+    while process_alive(pub.pid):
+        time.sleep(0.05)
+    unpublish(driver, "wb-vol", first)
+    publish(driver, "wb-vol", second, hub.token, context, RWX, "writeback")
+    with open(f"/proc/{Mounts(driver.state).get(second).pid}/cmdline", "rb") as f:
+        assert write_dir.encode() in f.read().split(b"\0")  # the dead mount's directory, taken over
+    with open(os.path.join(second, "step-1.bin"), "rb") as f:
+        assert f.read() == b"parked by the first pod\n"
+    assert [n for n in os.listdir(os.path.join(write_dir, "writeback")) if n.endswith(".json")] == []
+    unpublish(driver, "wb-vol", second)
+
+
 def test_unpublish_cleans_up_after_the_mount_process_died(hub, repo, driver, tmp_path):
     target = str(tmp_path / "pod" / "mount")
     os.makedirs(os.path.dirname(target))

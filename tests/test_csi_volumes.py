@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from csi.mounts import PublishRequest
+from csi.mounts import Mounts, PublishRequest
 from csi.volumes import MountOptions, Volume, VolumeError, expand, nearest_server, parse_local_spoke, parse_mount_flags, parse_share, parse_volume_id
+from tests.hubserver import ROOT
 
 PARAMS = {"csi.storage.k8s.io/pvc/name": "claim", "csi.storage.k8s.io/pvc/namespace": "ns", "csi.storage.k8s.io/pv/name": "pvc-1"}
 
@@ -57,3 +61,33 @@ def test_a_publication_recorded_before_local_spokes_loads():
     del record["spoke_cache"]
     old = PublishRequest.from_json(record)
     assert old.spoke_cache == "" and old == req  # a node setting: not part of the publish's identity
+
+
+def test_writeback_is_a_flag_for_writable_publishes():
+    opts = parse_mount_flags(["writeback,durability=local"])
+    assert opts.writeback
+    assert opts.mount_args("/c", "/w") == ["--durability", "local", "--writeback", "--write-dir", "/w"]
+    assert opts.mount_args("/c") == ["--durability", "local"]  # (a read-only publish: no write directory)
+    with pytest.raises(VolumeError, match="fabric volumes take"):
+        parse_mount_flags(["writeback=1"])
+
+
+def test_each_live_writeback_mount_of_a_volume_gets_its_own_write_dir_and_a_dead_ones_is_taken_over(tmp_path):
+    mounts = Mounts(str(tmp_path / "state"))
+    vol = Volume("http://spoke:8700", "ckpt", "main")
+    req = PublishRequest("v", vol, "/t", True, parse_mount_flags(["writeback"]))
+    first = mounts._write_dir(req)
+    assert first is not None and first.endswith("-0")
+    assert mounts._write_dir(PublishRequest("v", vol, "/t", False, req.options)) is None  # read-only: none
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from fabric.util.dirlock import DirLock; DirLock(sys.argv[1]); print('held', flush=True); time.sleep(60)", first],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"  # (a live mount holds it)
+        second = mounts._write_dir(req)
+        assert second is not None and second.endswith("-1")
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert mounts._write_dir(req) == first  # its mount is gone: the next takes its journal over
