@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabric.util.dirlock import DirLock
+from fabric.util.jsonfile import fsync_dir, write_json
 
 log = logging.getLogger("fabric.fuse")
 
@@ -92,16 +93,9 @@ class Journal:
     def write(self, record: Record, durable: bool) -> None:
         """Write ``record`` (replacing an earlier one of its id); ``durable``: on disk, with
         its data's name, before this returns."""
-        final = os.path.join(self.dir, record.id + ".json")
-        tmp = final + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(record.to_json(), f)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, final)
+        write_json(os.path.join(self.dir, record.id + ".json"), record.to_json(), durable)
         if durable:
-            self._sync_dir()
+            fsync_dir(self.dir)
 
     def drop(self, rid: str) -> None:
         """Forget record ``rid`` (its record first: a data file without one is never replayed)."""
@@ -136,13 +130,6 @@ class Journal:
                 continue
             out.append((os.stat(path).st_mtime, record))
         return [r for _, r in sorted(out, key=lambda pair: pair[0])]
-
-    def _sync_dir(self) -> None:
-        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def close(self) -> None:
         self._lock.release()

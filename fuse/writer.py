@@ -115,7 +115,9 @@ class WFile:
         uid: int,
         gid: int,
         now_ns: int | None = None,
+        fd: int | None = None,
     ) -> None:
+        """``fd``: the local content, already written (a file recovered from a journal)."""
         now = now_ns or time.time_ns()
         self.path: str | None = path
         self.base = base  # the staged/committed version the content starts from (None: a new file)
@@ -150,17 +152,16 @@ class WFile:
         #: the generation that record describes.
         self.journal_id: str | None = None
         self.journaled_generation = 0
-        if base is None:
+        if fd is not None:
+            self.fd, self.size = fd, os.fstat(fd).st_size
+        elif base is None:
             self._new_fd()
 
     @classmethod
     def recovered(cls, record: Record, fd: int, write_dir: str) -> WFile:
         """A file a killed ``--writeback`` mount parked: its journal record and its data open
         on ``fd``, a new file to stage (it may or may not have reached the server)."""
-        wf = cls(record.path, None, write_dir, record.mode, record.uid, record.gid, now_ns=record.mtime_ns)
-        os.close(wf.fd)  # (the new, empty local file: the data is the journal's)
-        wf.fd = fd
-        wf.size = os.fstat(fd).st_size
+        wf = cls(record.path, None, write_dir, record.mode, record.uid, record.gid, now_ns=record.mtime_ns, fd=fd)
         wf.ctime_ns = record.ctime_ns
         wf.meta = dict(record.meta)
         wf.dir_touched = 0

@@ -29,6 +29,7 @@ from fabric.store.base import (
     validate_key,
     validate_prefix,
 )
+from fabric.util.jsonfile import fsync_dir
 
 _COPY_BUFFER = 1 << 20
 # Reads asking for more than this are clamped to the file size first, so an
@@ -85,7 +86,7 @@ class LocalStore(ObjectStore):
         except BaseException:
             _unlink_quietly(tmp)
             raise
-        _fsync_dir(directory)
+        fsync_dir(directory)
 
     def _create_temp(self, key: str, directory: str) -> tuple[int, str]:
         tmp = os.path.join(directory, TEMP_PREFIX + secrets.token_hex(8))
@@ -113,7 +114,7 @@ class LocalStore(ObjectStore):
                 continue  # created concurrently
             except NotADirectoryError:
                 raise _ancestor_conflict(key) from None
-            _fsync_dir(os.path.dirname(new))
+            fsync_dir(os.path.dirname(new))
 
     def delete(self, key: str) -> None:
         try:
@@ -238,14 +239,6 @@ def _copy_into(src: BufferedIOBase, fd: int) -> None:
     with memoryview(buffer) as view:
         while n := src.readinto(buffer):
             _write_all(fd, view[:n])
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: str) -> None:

@@ -16,3 +16,12 @@ def write_json(path: str, value: Any, durable: bool = False) -> None:
             f.flush()
             os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def fsync_dir(directory: str) -> None:
+    """Make the names in ``directory`` (a rename or link into it) durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
