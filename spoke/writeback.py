@@ -400,6 +400,8 @@ class WriteBack:
             with self._lock:
                 with sqlite.transaction(self._db) as cur:
                     cur.executemany("DELETE FROM ops WHERE id = ?", [(i,) for i in ids])
+                    # At the hub now: an early push still waiting on its backoff need not hold them.
+                    cur.executemany("DELETE FROM early WHERE repo = ? AND chunk = ?", [(repo, c) for c in chunk_ids])
                 self._queued -= len(ids)
             self._unpin_unneeded(chunk_ids)
             self.landed += len(rows)
@@ -485,6 +487,7 @@ class WriteBack:
             if is_permanent(exc):  # best effort: their entries, when queued, push them again
                 log.warning("write-back: %d chunk(s) not sent on early: %s", len(taken), exc.message)
                 self._done_early(taken)
+                self._unpin_unneeded(cid for _, cid in taken)
             raise
         self._done_early(taken)
         self.early_sent += sent

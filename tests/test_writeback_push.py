@@ -17,7 +17,9 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from fabric.cache.disk import DiskCache
+from fabric.errors import Unavailable
 from fabric.format import frames, packs
+from fabric.format.model import Entry
 from spoke import writeback
 from spoke.traffic import Traffic
 from spoke.writeback import PUSH_DEPTH, WriteBack
@@ -140,3 +142,54 @@ def test_the_next_rounds_question_goes_while_the_last_rounds_packs_are_on_the_li
     wait_for(lambda: pinned(cache) == 0)
     assert sorted(c for pack in hub.landed for c in pack) == sorted(ids), "each chunk sent exactly once"
     assert wb.pinned_chunks() == set()
+
+
+class StagingHub(HeldHub):
+    """Also stages entries; while ``away``, the early push's question fails (a hub restarting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.away = True
+        self.staged: dict[str, Entry | None] = {}
+        self.gate = threading.Semaphore(1000)
+
+    def missing_chunks(self, ids: Sequence[bytes], repo: str | None = None) -> list[bytes]:
+        if self.away:
+            raise Unavailable("hub is restarting")
+        return super().missing_chunks(ids, repo)
+
+    def staging_snapshot(self, repo: str, branch: str, entries: object) -> tuple[str, int, None]:
+        return "head", len(self.staged), None
+
+    def stage(self, repo: str, branch: str, changes: dict[str, Entry | None]) -> int:
+        self.staged.update(changes)
+        return len(self.staged)
+
+
+def test_a_landed_write_unpins_its_chunks_while_their_early_push_waits_on_its_backoff(tmp_path, monkeypatch) -> None:
+    """The early push failed and backs off for a long time; the write that uses the chunks
+    lands meanwhile: its chunks are at the hub, so they leave the early table and their pins
+    go at once (they used to stay pinned, holding room writers wait for, until the early
+    push's next try)."""
+    monkeypatch.setattr(writeback, "BACKOFF_MIN", 600.0)
+    monkeypatch.setattr(writeback, "BACKOFF_MAX", 600.0)
+    cache = DiskCache(str(tmp_path / "chunks"), 64 << 20)
+    blobs = {os.urandom(32): frames.encode(os.urandom(CHUNK)) for _ in range(3)}
+    cache.put_pinned(blobs.items())
+    hub = StagingHub()
+    wb = WriteBack(str(tmp_path / "writeback.db"))
+    wb.start(cache, hub, Traffic(), lambda *_: None)  # type: ignore[arg-type]
+    try:
+        ids = list(blobs)
+        wb.send_early("r", ids)
+        wait_for(lambda: wb.last_error is not None)  # the early push failed and backs off
+        hub.away = False
+        entry = Entry(size=3 * CHUNK, chunks=tuple((cid, CHUNK) for cid in ids))
+        wb.enqueue("r", "main", {"f.bin": entry})
+        wait_for(lambda: "f.bin" in hub.staged)
+        wait_for(lambda: pinned(cache) == 0, timeout=5)
+        assert wb.pinned_chunks() == set(), "a restarted spoke would pin them again"
+        assert sorted(c for pack in hub.landed for c in pack) == sorted(ids)
+    finally:
+        wb.stop()
+        cache.close()
