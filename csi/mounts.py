@@ -182,8 +182,8 @@ class Mounts:
     def _write_dir(self, req: PublishRequest) -> str | None:
         """For a writable publish with ``writeback``: the first of the volume's write
         directories on this node that no live mount holds. One a killed mount left holds its
-        journal, which the new mount stages before it serves (so a pod restarted on this node
-        finds what its last checkpoint parked); several pods of one volume get one each."""
+        journal, which the new mount takes over and stages in the background (so a pod restarted on
+        this node finds what its last checkpoint parked, at once); several pods of one volume get one each."""
         if not (req.options.writeback and req.writable):
             return None
         vol = req.volume

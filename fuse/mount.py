@@ -137,10 +137,10 @@ def run_foreground(
         # Opens the cache directory too: one held by another mount is refused here, with its pid.
         fs = FabricFS(plane, cfg, branch=is_branch, commit_id=commit_id, commit_time=commit_time)
         if fs.writes.writeback is not None:
-            # Files an earlier mount parked and never staged (it was killed): staged before serving.
-            replayed = fs.writes.writeback.replay()
-            if replayed:
-                log.info("staged %d file(s) left in the write-back journal by an earlier mount", replayed)
+            # Files an earlier mount parked and never staged (it was killed): this mount's own now.
+            adopted = fs.writes.writeback.adopt()
+            if adopted:
+                log.info("took over %d parked file(s) left in the write-back journal by an earlier mount; staging them in the background", adopted)
     except FabricError as exc:
         report(f"error: {exc.message}")
         raise

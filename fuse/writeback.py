@@ -13,9 +13,10 @@ and kept open is staged when it is closed, or at unmount. Until staged, the file
 local state, so reads, ``ls`` and ``stat`` in the mount see it (read-your-writes).
 
 What it trades: the file is on this machine's disk, not yet the spoke's, when fsync returns.
-A mount killed (or a machine rebooted) before staging stages the journal's files when it is
-started again with the same ``--write-dir`` (:meth:`WriteBack.replay`), before it serves;
-losing the disk loses them.
+A mount killed (or a machine rebooted) before staging takes the journal's files over when it
+is started again with the same ``--write-dir`` (:meth:`WriteBack.adopt`): they are its own
+parked files from the start, listed and readable, and staged in the background; losing the
+disk loses them.
 
 Files are not chunked while they are written (:mod:`fuse.streaming` is off): the chunker's
 threads would compete with the writer for the CPU and lengthen the very writes fsync waits
@@ -41,6 +42,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from fabric.format.model import FILE
 from fuse.journal import Journal, Record
 from fuse.writer import WFile
 
@@ -164,25 +166,34 @@ class WriteBack:
             self.journal.drop(rid)
 
     # -- a mount's start and end -------------------------------------------------------
-    def replay(self) -> int:
-        """Stage the files a mount of this repository and branch parked and never staged
-        (before serving); how many. Raises if one cannot be staged: its record stays."""
+    def adopt(self) -> int:
+        """Take over the files a mount of this repository and branch parked and never staged
+        (it was killed); how many. From now on they are this mount's parked files: listed and
+        read from the journal's data, staged in the background, and tried again by the
+        mount's flush loop when that fails. So the mount serves at once, however long their
+        upload takes and whether or not the server takes them now. Call before serving."""
         st = self.state
-        done = 0
-        for record in self.journal.records():
+        taken: dict[str, WFile] = {}
+        for record in self.journal.records():  # oldest first: of two records of a path, the later wins
             if (record.repo, record.branch) != (st.repo, st.branch):
                 log.warning("write-back journal: %s is for %s@%s, not this mount's; left for a mount of it",
                             record.path, record.repo, record.branch)
                 continue
+            on_branch = self.writes.reads.fresh_entry(record.path)
             fd = os.open(self.journal.data_path(record.id), os.O_RDWR)
-            wf = WFile.recovered(record, fd, self.writes.write_dir or "")
-            try:
-                self.writes.sync(wf)
-            finally:
-                wf.close()
-            done += 1
-            log.info("staged %s, parked by an earlier mount that stopped before staging it", record.path)
-        return done
+            wf = WFile.recovered(record, fd, self.writes.write_dir or "", on_branch if on_branch is not None and on_branch.kind == FILE else None)
+            older = taken.pop(record.path, None)
+            if older is not None and older.journal_id is not None:
+                self.journal.drop(older.journal_id)
+                older.close()
+            taken[record.path] = wf
+        with st.mu:
+            st.files.update(taken)
+        with self._mu:
+            self._parked.update((id(wf), wf) for wf in taken.values())
+        for wf in taken.values():
+            self._queue(wf)
+        return len(taken)
 
     def snapshot(self) -> dict[str, int]:
         with self._mu:

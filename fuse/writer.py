@@ -158,13 +158,16 @@ class WFile:
             self._new_fd()
 
     @classmethod
-    def recovered(cls, record: Record, fd: int, write_dir: str) -> WFile:
+    def recovered(cls, record: Record, fd: int, write_dir: str, on_branch: Entry | None) -> WFile:
         """A file a killed ``--writeback`` mount parked: its journal record and its data open
-        on ``fd``, a new file to stage (it may or may not have reached the server)."""
-        wf = cls(record.path, None, write_dir, record.mode, record.uid, record.gid, now_ns=record.mtime_ns, fd=fd)
-        wf.ctime_ns = record.ctime_ns
+        on ``fd``, a change to stage over ``on_branch`` (the branch's file at its path now, if
+        any: an unlink then stages a delete)."""
+        wf = cls(record.path, on_branch, write_dir, record.mode, record.uid, record.gid, now_ns=record.mtime_ns, fd=fd)
+        wf.mtime_ns, wf.ctime_ns = record.mtime_ns, record.ctime_ns
         wf.meta = dict(record.meta)
         wf.dir_touched = 0
+        if on_branch is not None:  # its content is a change over the branch's (a new file's is already)
+            wf.generation = wf.content_generation = 2
         wf.journal_id = record.id
         wf.journaled_generation = wf.generation
         return wf

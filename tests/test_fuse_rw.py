@@ -414,6 +414,38 @@ def test_a_file_unlinked_right_after_its_close_leaves_no_hidden_name(hub, tmp_pa
     assert names == [] and not staged, (names, staged)
 
 
+def test_a_full_write_directory_is_enospc_for_the_writer_and_the_mount_goes_on(hub, tmp_path):
+    """The disk of --write-dir fills up: the writer gets ENOSPC, as on a local disk, and the
+    mount stays usable once room is made."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    repo = new_repo(hub)
+    write_dir = tmp_path / "writes"
+    write_dir.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(write_dir)], check=True)
+    try:
+        with mounted(hub.url, hub.token, f"{repo}@main", tmp_path / "mnt", "--rw", "--write-dir", str(write_dir)) as mp:
+            fd = os.open(os.path.join(mp, "big.bin"), os.O_WRONLY | os.O_CREAT, 0o644)
+            written = 0
+            try:
+                with pytest.raises(OSError) as info:
+                    for _ in range(8):
+                        written += os.write(fd, os.urandom(1 << 20))
+                assert info.value.errno == errno.ENOSPC
+                assert written <= 1 << 20
+            finally:
+                os.close(fd)
+            os.unlink(os.path.join(mp, "big.bin"))
+            data = os.urandom(100_000)
+            with open(os.path.join(mp, "after.bin"), "wb") as f:
+                f.write(data)
+            with open(os.path.join(mp, "after.bin"), "rb") as f:
+                assert f.read() == data
+            assert sorted(os.listdir(mp)) == ["after.bin"]
+    finally:
+        subprocess.run(["umount", "-l", str(write_dir)], check=False)
+
+
 def test_server_errors_become_the_errno_a_program_expects():
     from fabric.errors import BadRequest, Forbidden, InvalidPath, NotFound, StorageFull, Unavailable
     from fuse.errors import fs_errno
