@@ -95,6 +95,8 @@ class WritePath:
     def open_for_writing(self, p: str, fi: Any, truncate: bool) -> None:
         self.state.need_rw()
         wf = self.wfile(p)
+        if truncate and self.writeback is not None:
+            wf = self._unless_staging(p, wf)
         with wf.lock:
             if truncate and (wf.size or wf.fd is None):
                 wf.materialize(None)
@@ -103,6 +105,30 @@ class WritePath:
             wf.count_open(1)
         fi.fh = self.state.handles.add(WHandle(wf, True))
         fi.keep_cache = 0
+
+    def _unless_staging(self, p: str, wf: WFile) -> WFile:
+        """The local state a truncating open of ``p`` works on: ``wf``, or, while a background
+        staging of ``wf`` holds it (for as long as its upload takes), new empty local state
+        that supersedes it, so that the open does not wait (a checkpoint saved again under
+        the same name while the last save is still on its way)."""
+        if wf.hold_unless_staging():
+            wf.lock.release()
+            return wf
+        st = self.state
+        assert self.writeback is not None
+        with st.names.hold(p):  # (an unlink or rename of p waits; so would the staging's last step)
+            with wf.opens_mu:
+                if st.files.get(p) is not wf or wf.opens > 0 or wf.dropped or not wf.syncing or linkgroups.others(st, p):
+                    return wf  # open elsewhere, or a name of several: wait for the staging as before
+                new = WFile(p, wf.base, self._write_dir(), wf.mode, wf.uid, wf.gid)
+                new.meta = dict(wf.meta)
+                new.dir_touched = 0
+                with st.mu:
+                    st.files[p] = new
+                    wf.unlinked, wf.path = True, None  # its staging stops short of the branch, if it has not got there
+            self.writeback.supersede(wf, new)
+        log.info("%s opened for writing while its last version is being staged: that version is superseded", p)
+        return new
 
     def open_for_reading(self, wf: WFile, fi: Any) -> bool:
         """Open a file with local state for reading (read-your-writes), also while it is being

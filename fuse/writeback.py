@@ -27,7 +27,12 @@ Ordering: a rename of a file that exists only on this mount to a free name in it
 (a checkpoint's final ``.metadata.tmp`` -> ``.metadata``) is made on the mount alone: the
 record takes the new name (:meth:`NamespaceChanges._rename_parked`). Any other rename of a
 parked file stages it first, inline, as without write-back. An unlink drops the record (a
-killed mount never brings the file back).
+killed mount never brings the file back). A truncating open of a file being staged (a
+checkpoint saved again under the same name while the last save is on its way) gives the path
+new local state at once (:meth:`WritePath._unless_staging`); the staging of the superseded
+version stops short of the branch unless it got there first, and its record stays until the
+new version's own is written, so a mount killed between the two brings back the last version
+fsync returned for.
 ``--commit-interval`` and ``--commit-on-unmount`` stage every parked file before committing.
 
 Back-pressure: at most ``--writeback-backlog`` bytes are parked at once; a fsync or close
@@ -109,10 +114,27 @@ class WriteBack:
         with self._mu:
             wf.journal_id = rid
             self._parked[id(wf)] = wf
+        self._drop_replaced(wf)
 
     def _record_of(self, wf: WFile, rid: str) -> Record:
         assert wf.path is not None and self.state.branch is not None
         return Record(rid, self.state.repo, self.state.branch, wf.path, wf.mode, wf.uid, wf.gid, wf.mtime_ns, wf.ctime_ns, dict(wf.meta))
+
+    def supersede(self, old: WFile, new: WFile) -> None:
+        """``new`` replaces ``old`` (being staged) at its path. ``old``'s record stays in the
+        journal until ``new``'s own is written (or ``new`` is staged or dropped), so a mount
+        killed before that brings back ``old``, the last version fsync returned for."""
+        with self._mu:
+            rid, old.journal_id = old.journal_id, None
+            self._parked.pop(id(old), None)
+            new.replaced_records += old.replaced_records + ([rid] if rid is not None else [])
+            old.replaced_records = []
+
+    def _drop_replaced(self, wf: WFile) -> None:
+        with self._mu:
+            replaced, wf.replaced_records = wf.replaced_records, []
+        for rid in replaced:
+            self.journal.drop(rid)
 
     def moved(self, wf: WFile) -> None:
         """``wf`` was renamed (its names held by the caller: no staging of it stages
@@ -154,8 +176,8 @@ class WriteBack:
     def staged_version(self, wf: WFile, generation: int) -> None:
         """``wf`` was staged at ``generation`` (``wf.lock`` held): drop its record if that
         covers what it recorded."""
-        if wf.journal_id is not None and generation >= wf.journaled_generation:
-            self.forget(wf)
+        if wf.journal_id is None or generation >= wf.journaled_generation:
+            self.forget(wf)  # (with no record of its own: the records it replaced)
 
     def forget(self, wf: WFile) -> None:
         """Drop ``wf``'s record (staged, or unlinked: nothing of it is to be staged)."""
@@ -164,6 +186,7 @@ class WriteBack:
             self._parked.pop(id(wf), None)
         if rid is not None:
             self.journal.drop(rid)
+        self._drop_replaced(wf)
 
     # -- a mount's start and end -------------------------------------------------------
     def adopt(self) -> int:

@@ -152,6 +152,9 @@ class WFile:
         #: the generation that record describes.
         self.journal_id: str | None = None
         self.journaled_generation = 0
+        #: Records of earlier versions of its path, superseded while they were staged (see
+        #: :meth:`WriteBack.supersede`): dropped once this version's own record is written.
+        self.replaced_records: list[str] = []
         if fd is not None:
             self.fd, self.size = fd, os.fstat(fd).st_size
         elif base is None:

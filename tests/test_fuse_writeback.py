@@ -307,3 +307,58 @@ def test_a_restarted_mount_serves_its_parked_files_at_once_and_stages_them_in_th
         plane.commit(repo, "main", "after the restart")
         assert plane.read(repo, "main", "big.bin") == big
         assert sorted(p for p, _ in plane.walk(repo, "main")) == ["big.bin"]
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_saving_again_under_the_same_name_does_not_wait_for_the_last_saves_upload(tmp_path):
+    """A checkpoint saved again as the same file while its last version is still being
+    uploaded (24 MiB over a 20 Mbit/s link: about 10 s): the truncating open supersedes
+    that version at once and the branch ends with the new one. Killed after such an open,
+    before the new version's fsync, the mount brings back the last version fsync returned for."""
+    with _hub_with_repo(tmp_path) as (hub, plane, repo):
+        link = WanProxy("127.0.0.1", hub.port, rate_mbit=20).start()
+        write_dir = tmp_path / "writes"
+        mp = str(tmp_path / "mnt")
+        os.makedirs(mp)
+        opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--log-file", mp + ".mount.log")
+        first, second = os.urandom(24 * 1024 * 1024), os.urandom(1024 * 1024)
+        try:
+            fabric("mount", link.url_for(), f"{repo}@main", mp, *opts, token=hub.token)
+            pid = _state(mp)["pid"]
+            try:
+                with open(f"{mp}/latest.pt", "wb") as f:
+                    f.write(first)
+                    _timed_fsync_and_close(f)
+                time.sleep(0.5)  # (its upload is under way)
+                t0 = time.monotonic()
+                with open(f"{mp}/latest.pt", "wb") as f:
+                    f.write(second)
+                    _timed_fsync_and_close(f)
+                assert time.monotonic() - t0 < 4.0, "the save waited for the last one's upload"
+                assert open(f"{mp}/latest.pt", "rb").read() == second
+                assert os.listdir(mp) == ["latest.pt"]
+                wait_for(lambda: not _records(write_dir), timeout=120, interval=0.2)
+                assert plane.read(repo, "main", "latest.pt") == second
+
+                # Saved, then opened again and half written when the mount is killed.
+                with open(f"{mp}/ckpt.pt", "wb") as f:
+                    f.write(first)
+                    _timed_fsync_and_close(f)
+                time.sleep(0.5)
+                half = open(f"{mp}/ckpt.pt", "wb")
+                half.write(second[:1000])
+                half.flush()
+                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):  # (its mount is gone)
+                    half.close()
+            finally:
+                force_unmount(mp)
+            wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
+        finally:
+            link.stop()
+        with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
+            assert open(f"{again}/ckpt.pt", "rb").read() == first
+            wait_for(lambda: not _records(write_dir), timeout=60, interval=0.2)
+        assert plane.read(repo, "main", "ckpt.pt") == first
+        assert plane.read(repo, "main", "latest.pt") == second
