@@ -207,7 +207,9 @@ class SpokePlane(DataPlane):
         window = default_window(self.chunk_cache.budget) if hint_window is None else hint_window
         if not 0 <= window <= self.chunk_cache.budget // 2:
             raise BadRequest(f"the hint window must be 0 to half the chunk cache ({self.chunk_cache.budget // 2} bytes), not {window}")
-        self.lookahead = Lookahead(self.fetcher, self.reader.chunk_lists, window, lambda name, ids: self.chunk_cache.plan(ids, name))
+        self.lookahead = Lookahead(
+            self.fetcher, self.reader.chunk_lists, window, lambda name, ids: self.chunk_cache.plan(ids, name), self.chunk_cache.__contains__
+        )
         learned_window = window if prefetch_window is None else prefetch_window
         if not 0 <= learned_window <= self.chunk_cache.budget // 2:
             raise BadRequest(f"the prefetch window must be 0 to half the chunk cache ({self.chunk_cache.budget // 2} bytes), not {learned_window}")

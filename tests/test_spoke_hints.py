@@ -453,3 +453,35 @@ def test_an_order_that_fits_its_window_is_planned_once() -> None:
                 assert calls[-1] == [e.chunks[0][0] for e in order]
     finally:
         look.stop()
+
+
+def test_a_next_epochs_order_over_cached_data_is_worked_out_after_the_epochs_first_reads() -> None:
+    """The next epoch's order of a job, when the cache holds its head, is worked out
+    SETTLE_SECONDS after the hint (its first batches read cached chunks meanwhile, and
+    the lookahead's work would only delay them); a first order, an order whose head is not
+    cached, and an appended part are worked out at once."""
+    from fabric.format.model import Entry
+    from spoke import hints
+
+    chunk = 64 * KiB
+    files = [Entry(size=chunk, chunks=((bytes([f + 1]) * 32, chunk),)) for f in range(16)]
+    cached = {e.chunks[0][0] for e in files[:12]}  # not the last four
+    fetcher = _RecordingFetcher()
+    look = hints.Lookahead(fetcher, lambda es: [e.chunks for e in es], 64 * chunk, None, cached.__contains__)
+
+    def hint_and_time(order, append=False) -> float:
+        with fetcher.changed:
+            n = len(fetcher.calls)
+        t0 = time.monotonic()
+        look.hint("job", "repo", order, append=append)
+        with fetcher.changed:
+            assert fetcher.changed.wait_for(lambda: len(fetcher.calls) > n, timeout=10), "the order was never worked out"
+        return time.monotonic() - t0
+
+    try:
+        assert hint_and_time(files[:12]) < hints.SETTLE_SECONDS / 2  # a job's first order
+        assert hint_and_time(files[:12][::-1]) >= hints.SETTLE_SECONDS * 0.9  # its next epoch, cached
+        assert hint_and_time(files[12:], append=True) < hints.SETTLE_SECONDS / 2  # more of the same epoch
+        assert hint_and_time(files[::-1]) < hints.SETTLE_SECONDS / 2  # its head is not cached: at once
+    finally:
+        look.stop()
