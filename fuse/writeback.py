@@ -9,7 +9,8 @@ parks it the same way without forcing it to disk first, which is what POSIX prom
 close. After its last close, a background worker stages it as fsync would have (the same
 :meth:`WritePath.sync`, streamed chunks and all); not before, because staging holds the
 file's lock, which the writer's close (and its reads) would then wait for. A file fsynced
-and kept open is staged when it is closed, or at unmount. Until staged, the file keeps its
+and kept open is staged once it has not been written for :data:`OPEN_IDLE_SECONDS` (writes
+coming meanwhile wait for that staging), at its close, or at unmount. Until staged, the file keeps its
 local state, so reads, ``ls`` and ``stat`` in the mount see it (read-your-writes).
 
 What it trades: the file is on this machine's disk, not yet the spoke's, when fsync returns.
@@ -44,6 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -58,6 +60,9 @@ log = logging.getLogger("fabric.fuse")
 
 #: Files staged at once in the background.
 WORKERS = 4
+#: A parked file still open is staged once it has not been written for this long (a log
+#: fsynced now and then and kept open would otherwise reach the branch only at its close).
+OPEN_IDLE_SECONDS = 5.0
 
 
 class WriteBack:
@@ -72,6 +77,9 @@ class WriteBack:
         self._parked: dict[int, WFile] = {}  # id(wf) -> file, while its record exists
         self._queued: set[int] = set()
         self._executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="fabric-writeback")
+        self._stopped = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep, name="fabric-writeback-open", daemon=True)
+        self._sweeper.start()
         self.staged = 0  # files staged in the background
         self.inline = 0  # fsyncs and closes that staged inline (backlog full)
 
@@ -148,21 +156,32 @@ class WriteBack:
         with self._mu:
             return sum(f.size for k, f in self._parked.items() if k != id(wf))
 
-    def _queue(self, wf: WFile) -> None:
+    def _queue(self, wf: WFile, while_open: bool = False) -> None:
         with self._mu:
             if id(wf) in self._queued:
                 return
             self._queued.add(id(wf))
         try:
-            self._executor.submit(self._stage, wf)
+            self._executor.submit(self._stage, wf, while_open)
         except RuntimeError:  # shutting down: unmount stages every file itself
             with self._mu:
                 self._queued.discard(id(wf))
 
-    def _stage(self, wf: WFile) -> None:
+    def _sweep(self) -> None:
+        """Queue the parked files that are still open but were not written for
+        :data:`OPEN_IDLE_SECONDS` (their writes wait while one is staged, as at a fsync
+        without write-back)."""
+        while not self._stopped.wait(OPEN_IDLE_SECONDS / 5):
+            quiet_since = time.time_ns() - int(OPEN_IDLE_SECONDS * 1e9)
+            with self._mu:
+                idle = [wf for wf in self._parked.values() if wf.opens > 0 and wf.dirty and wf.mtime_ns <= quiet_since]
+            for wf in idle:
+                self._queue(wf, while_open=True)
+
+    def _stage(self, wf: WFile, while_open: bool = False) -> None:
         with self._mu:
             self._queued.discard(id(wf))
-        if wf.opens > 0:
+        if wf.opens > 0 and not while_open:
             return  # opened again: staged after its next last close
         try:
             self.writes.sync(wf)
@@ -225,5 +244,6 @@ class WriteBack:
 
     def shutdown(self) -> None:
         """Let the queued stagings run out, then release the journal."""
+        self._stopped.set()
         self._executor.shutdown(wait=True)
         self.journal.close()

@@ -362,3 +362,37 @@ def test_saving_again_under_the_same_name_does_not_wait_for_the_last_saves_uploa
             wait_for(lambda: not _records(write_dir), timeout=60, interval=0.2)
         assert plane.read(repo, "main", "ckpt.pt") == first
         assert plane.read(repo, "main", "latest.pt") == second
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_a_file_fsynced_and_kept_open_reaches_the_branch_once_its_writes_pause(tmp_path):
+    """A log fsynced now and then and never closed: each fsync parks it; once it has not been
+    written for OPEN_IDLE_SECONDS it is staged although still open, and writes after that park
+    and reach the branch the same way."""
+    from fuse.writeback import OPEN_IDLE_SECONDS
+
+    with _hub_with_repo(tmp_path) as (hub, plane, repo):
+        write_dir = tmp_path / "writes"
+        with mounted(hub.url, hub.token, f"{repo}@main", tmp_path / "mnt", "--rw", "--writeback", "--write-dir", str(write_dir)) as mp:
+
+            def staged() -> bytes | None:
+                try:
+                    return plane.read(repo, "main", "train.log")
+                except Exception:  # noqa: BLE001 - not staged yet
+                    return None
+
+            with open(f"{mp}/train.log", "wb") as log:
+                log.write(b"step 1\n")
+                log.flush()
+                os.fsync(log.fileno())
+                assert len(_records(write_dir)) == 1
+                time.sleep(OPEN_IDLE_SECONDS / 2)
+                assert staged() is None, "staged before its writes paused"
+                wait_for(lambda: staged() == b"step 1\n", timeout=OPEN_IDLE_SECONDS * 4, interval=0.2)
+                wait_for(lambda: not _records(write_dir), timeout=10, interval=0.1)
+                log.write(b"step 2\n")
+                log.flush()
+                os.fsync(log.fileno())
+                wait_for(lambda: staged() == b"step 1\nstep 2\n", timeout=OPEN_IDLE_SECONDS * 4, interval=0.2)
+                assert not log.closed
