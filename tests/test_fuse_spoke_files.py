@@ -33,7 +33,10 @@ def test_a_mount_reads_a_warm_spokes_chunks_from_its_files_and_asks_for_what_the
     plane.create_repo(repo)
     src = tmp_path / "src"
     src.mkdir()
-    files = {f"f{i}.bin": os.urandom(6 * MiB + i * 4099) for i in range(3)}
+    # The third file in a directory of its own: the warm mount's sibling readahead, which
+    # fetches the next files of a directory read in order, must not bring it to the spoke.
+    files = {name: os.urandom(6 * MiB + i * 4099) for i, name in enumerate(("f0.bin", "f1.bin", "later/f2.bin"))}
+    (src / "later").mkdir()
     for name, data in files.items():
         (src / name).write_bytes(data)
     commit = import_directory(plane, str(src), repo, "main", "data").commit.id
