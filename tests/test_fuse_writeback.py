@@ -327,10 +327,11 @@ def test_saving_again_under_the_same_name_does_not_wait_for_the_last_saves_uploa
             fabric("mount", link.url_for(), f"{repo}@main", mp, *opts, token=hub.token)
             pid = _state(mp)["pid"]
             try:
+                sent = link.stats().bytes_up
                 with open(f"{mp}/latest.pt", "wb") as f:
                     f.write(first)
                     _timed_fsync_and_close(f)
-                time.sleep(0.5)  # (its upload is under way)
+                wait_for(lambda: link.stats().bytes_up - sent > 1024 * 1024, timeout=30, interval=0.05)  # its upload is under way
                 t0 = time.monotonic()
                 with open(f"{mp}/latest.pt", "wb") as f:
                     f.write(second)
@@ -342,10 +343,11 @@ def test_saving_again_under_the_same_name_does_not_wait_for_the_last_saves_uploa
                 assert plane.read(repo, "main", "latest.pt") == second
 
                 # Saved, then opened again and half written when the mount is killed.
+                sent = link.stats().bytes_up
                 with open(f"{mp}/ckpt.pt", "wb") as f:
                     f.write(first)
                     _timed_fsync_and_close(f)
-                time.sleep(0.5)
+                wait_for(lambda: link.stats().bytes_up - sent > 1024 * 1024, timeout=30, interval=0.05)
                 half = open(f"{mp}/ckpt.pt", "wb")
                 half.write(second[:1000])
                 half.flush()
