@@ -96,7 +96,7 @@ class WritePath:
         self.state.need_rw()
         wf = self.wfile(p)
         if truncate and self.writeback is not None:
-            wf = self._unless_staging(p, wf)
+            wf = self._unless_parked(p, wf)
         with wf.lock:
             if truncate and (wf.size or wf.fd is None):
                 wf.materialize(None)
@@ -106,20 +106,25 @@ class WritePath:
         fi.fh = self.state.handles.add(WHandle(wf, True))
         fi.keep_cache = 0
 
-    def _unless_staging(self, p: str, wf: WFile) -> WFile:
-        """The local state a truncating open of ``p`` works on: ``wf``, or, while a background
-        staging of ``wf`` holds it (for as long as its upload takes), new empty local state
-        that supersedes it, so that the open does not wait (a checkpoint saved again under
-        the same name while the last save is still on its way)."""
+    def _unless_parked(self, p: str, wf: WFile) -> WFile:
+        """The local state a truncating open of ``p`` works on. A parked file no handle has
+        open (its last fsynced version in the journal, perhaps being uploaded) is superseded by
+        new empty local state: the open does not wait for that upload (a checkpoint saved again
+        under the same name while the last save is on its way), and the parked version stays in
+        the journal until the new one's own record is written, so a mount killed meanwhile
+        brings back the last version fsync returned for. Any other file: ``wf`` itself."""
         if wf.hold_unless_staging():
+            parked = wf.journal_id is not None
             wf.lock.release()
-            return wf
+            if not parked:
+                return wf
         st = self.state
         assert self.writeback is not None
-        with st.names.hold(p):  # (an unlink or rename of p waits; so would the staging's last step)
+        with st.names.hold(p):  # (an unlink or rename of p waits; so would a staging's last step)
             with wf.opens_mu:
-                if st.files.get(p) is not wf or wf.opens > 0 or wf.dropped or not wf.syncing or linkgroups.others(st, p):
-                    return wf  # open elsewhere, or a name of several: wait for the staging as before
+                parked_or_staging = wf.journal_id is not None or wf.syncing
+                if st.files.get(p) is not wf or wf.opens > 0 or wf.dropped or not parked_or_staging or linkgroups.others(st, p):
+                    return wf  # open elsewhere, or a name of several: as without write-back
                 new = WFile(p, wf.base, self._write_dir(), wf.mode, wf.uid, wf.gid)
                 new.meta = dict(wf.meta)
                 new.dir_touched = 0
@@ -127,7 +132,7 @@ class WritePath:
                     st.files[p] = new
                     wf.unlinked, wf.path = True, None  # its staging stops short of the branch, if it has not got there
             self.writeback.supersede(wf, new)
-        log.info("%s opened for writing while its last version is being staged: that version is superseded", p)
+        log.info("%s opened for writing while its last version is parked: that version is superseded", p)
         return new
 
     def open_for_reading(self, wf: WFile, fi: Any) -> bool:

@@ -28,12 +28,12 @@ Ordering: a rename of a file that exists only on this mount to a free name in it
 (a checkpoint's final ``.metadata.tmp`` -> ``.metadata``) is made on the mount alone: the
 record takes the new name (:meth:`NamespaceChanges._rename_parked`). Any other rename of a
 parked file stages it first, inline, as without write-back. An unlink drops the record (a
-killed mount never brings the file back). A truncating open of a file being staged (a
-checkpoint saved again under the same name while the last save is on its way) gives the path
-new local state at once (:meth:`WritePath._unless_staging`); the staging of the superseded
-version stops short of the branch unless it got there first, and its record stays until the
-new version's own is written, so a mount killed between the two brings back the last version
-fsync returned for.
+killed mount never brings the file back). A truncating open of a parked file, staged or
+waiting for its staging (a checkpoint saved again under the same name while the last save is
+on its way), gives the path new local state at once (:meth:`WritePath._unless_parked`); the
+staging of the superseded version stops short of the branch unless it got there first, and
+its record stays until the new version's own is written, so a mount killed between the two
+brings back the last version fsync returned for.
 ``--commit-interval`` and ``--commit-on-unmount`` stage every parked file before committing.
 
 Back-pressure: at most ``--writeback-backlog`` bytes are parked at once; a fsync or close

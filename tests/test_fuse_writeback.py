@@ -398,3 +398,47 @@ def test_a_file_fsynced_and_kept_open_reaches_the_branch_once_its_writes_pause(t
                 os.fsync(log.fileno())
                 wait_for(lambda: staged() == b"step 1\nstep 2\n", timeout=OPEN_IDLE_SECONDS * 4, interval=0.2)
                 assert not log.closed
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_a_truncating_open_of_a_parked_file_waiting_for_its_staging_keeps_the_parked_version(tmp_path):
+    """The staging workers are all busy (four uploads over a 20 Mbit/s link), so a file just
+    saved waits for its staging. Opened again with O_TRUNC and half written when the mount is
+    killed: the restarted mount brings back the version that was saved, not the half-written
+    one (the journal's copy of it was never truncated)."""
+    from fuse.writeback import WORKERS
+
+    with _hub_with_repo(tmp_path) as (hub, plane, repo):
+        link = WanProxy("127.0.0.1", hub.port, rate_mbit=20).start()
+        write_dir = tmp_path / "writes"
+        mp = str(tmp_path / "mnt")
+        os.makedirs(mp)
+        opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--log-file", mp + ".mount.log")
+        saved = os.urandom(512 * 1024)
+        try:
+            fabric("mount", link.url_for(), f"{repo}@main", mp, *opts, token=hub.token)
+            pid = _state(mp)["pid"]
+            try:
+                for i in range(WORKERS):  # the workers' uploads: about 7 s in all
+                    with open(f"{mp}/busy{i}.bin", "wb") as f:
+                        f.write(os.urandom(4 * 1024 * 1024))
+                with open(f"{mp}/model.pt", "wb") as f:
+                    f.write(saved)
+                    _timed_fsync_and_close(f)
+                half = open(f"{mp}/model.pt", "wb")
+                half.write(b"half of the next save")
+                half.flush()
+                assert open(f"{mp}/model.pt", "rb").read() == b"half of the next save"
+                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):  # (its mount is gone)
+                    half.close()
+            finally:
+                force_unmount(mp)
+            wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
+        finally:
+            link.stop()
+        with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
+            assert open(f"{again}/model.pt", "rb").read() == saved
+            wait_for(lambda: not _records(write_dir), timeout=60, interval=0.2)
+        assert plane.read(repo, "main", "model.pt") == saved
