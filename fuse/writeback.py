@@ -129,7 +129,7 @@ class WriteBack:
         return Record(rid, self.state.repo, self.state.branch, wf.path, wf.mode, wf.uid, wf.gid, wf.mtime_ns, wf.ctime_ns, dict(wf.meta))
 
     def supersede(self, old: WFile, new: WFile) -> None:
-        """``new`` replaces ``old`` (being staged) at its path. ``old``'s record stays in the
+        """``new`` replaces ``old`` (parked, perhaps being staged) at its path. ``old``'s record stays in the
         journal until ``new``'s own is written (or ``new`` is staged or dropped), so a mount
         killed before that brings back ``old``, the last version fsync returned for."""
         with self._mu:
@@ -221,7 +221,7 @@ class WriteBack:
                 log.warning("write-back journal: %s is for %s@%s, not this mount's; left for a mount of it",
                             record.path, record.repo, record.branch)
                 continue
-            on_branch = self.writes.reads.fresh_entry(record.path)
+            on_branch = st.ns.lookup(record.path)  # (one listing per directory, not a call per file)
             fd = os.open(self.journal.data_path(record.id), os.O_RDWR)
             wf = WFile.recovered(record, fd, self.writes.write_dir or "", on_branch if on_branch is not None and on_branch.kind == FILE else None)
             older = taken.pop(record.path, None)

@@ -487,11 +487,9 @@ class WriteBack:
             if is_permanent(exc):  # best effort: their entries, when queued, push them again
                 log.warning("write-back: %d chunk(s) not sent on early: %s", len(taken), exc.message)
                 self._done_early(taken)
-                self._unpin_unneeded(cid for _, cid in taken)
             raise
         self._done_early(taken)
         self.early_sent += sent
-        self._unpin_unneeded(cid for _, cid in taken)  # those the hub had already
 
     def _early_landed(self, repo: str, ids: list[bytes]) -> None:
         """A pack of early chunks is at the hub (whose gc spares new chunks for hours): they
@@ -503,12 +501,15 @@ class WriteBack:
         self._unpin_unneeded(ids)
 
     def _done_early(self, batch: list[tuple[str, bytes]]) -> None:
-        """The first early chunks, ``batch``, are at the hub, or never will be sent early."""
+        """The first early chunks, ``batch``, are at the hub, or never will be sent early:
+        out of the queue, and unpinned unless a queued write needs them (those the hub had
+        already were not unpinned as a pack landed)."""
         with self._lock:
             with sqlite.transaction(self._db) as cur:
                 cur.executemany("DELETE FROM early WHERE repo = ? AND chunk = ?", batch)
             for _ in batch:
                 self._early.popleft()
+        self._unpin_unneeded(cid for _, cid in batch)
 
     def _push_chunks(
         self,

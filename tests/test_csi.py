@@ -25,7 +25,7 @@ from fabric.format.model import SYMLINK, Entry
 from fabric.util.processes import process_alive
 from tests.csi_driver import CsiDriver
 from tests.fuse_helpers import needs_fuse
-from tests.spokeserver import start_spoke
+from tests.spokeserver import start_spoke, wait_for
 
 pytestmark = needs_fuse
 
@@ -358,7 +358,7 @@ def test_restarting_the_driver_leaves_a_volume_being_read_mounted(hub, repo, tmp
 def test_a_writeback_volume_restarted_on_the_node_takes_over_its_dead_mounts_write_dir(hub, repo, driver, tmp_path):
     """``writeback``: the mount parks fsynced files in a write directory of the node's; a pod
     whose mount was killed and that is published again on the node gets that same directory,
-    so what the killed mount parked is staged before the new one serves."""
+    so the new mount takes over what the killed one parked: it serves it at once and stages it."""
     context = {"server": hub.url, "share": f"{repo}@main/wb"}
     hub.plane().put_object(repo, "main", "wb/.keep", io.BytesIO(b""))
     first, second = str(tmp_path / "pod-1" / "mount"), str(tmp_path / "pod-2" / "mount")
@@ -381,7 +381,7 @@ def test_a_writeback_volume_restarted_on_the_node_takes_over_its_dead_mounts_wri
         assert write_dir.encode() in f.read().split(b"\0")  # the dead mount's directory, taken over
     with open(os.path.join(second, "step-1.bin"), "rb") as f:
         assert f.read() == b"parked by the first pod\n"
-    assert [n for n in os.listdir(os.path.join(write_dir, "writeback")) if n.endswith(".json")] == []
+    wait_for(lambda: [n for n in os.listdir(os.path.join(write_dir, "writeback")) if n.endswith(".json")] == [], timeout=30, interval=0.1)
     unpublish(driver, "wb-vol", second)
 
 

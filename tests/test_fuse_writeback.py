@@ -90,6 +90,20 @@ def _hub_with_repo(tmp_path) -> Iterator[tuple]:
         yield hub, plane, repo
 
 
+@contextlib.contextmanager
+def _mount_to_kill(server: str, token: str, repo: str, mp: str, opts: tuple[str, ...]) -> Iterator[int]:
+    """``fabric mount`` of ``repo@main`` in the background, for a test that kills it: yields
+    its pid; at the end the mount point is unmounted and the process gone."""
+    os.makedirs(mp, exist_ok=True)
+    fabric("mount", server, f"{repo}@main", mp, *opts, token=token)
+    pid = _state(mp)["pid"]
+    try:
+        yield pid
+    finally:
+        force_unmount(mp)
+    wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
+
+
 @needs_fuse
 def test_writeback_needs_rw_and_a_write_dir_and_one_mount_per_write_dir(hub, tmp_path):
     repo = unique_name("wbbad")
@@ -117,11 +131,8 @@ def test_fsync_returns_with_the_server_away_and_a_killed_mount_stages_its_parked
         plane.commit(repo, "main", "base")
         write_dir = tmp_path / "writes"
         mp = str(tmp_path / "mnt")
-        os.makedirs(mp)
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--server-timeout", "60", "--log-file", mp + ".mount.log")
-        fabric("mount", hub.url, f"{repo}@main", mp, *opts, token=hub.token)
-        pid = _state(mp)["pid"]
-        try:
+        with _mount_to_kill(hub.url, hub.token, repo, mp, opts) as pid:
             shard = os.urandom(6 * 1024 * 1024)
             assert open(f"{mp}/old.txt").read() == "committed before\n"
             files = {name: open(f"{mp}/{name}", "wb") for name in ("shard.bin", "note.txt", "gone.bin", ".metadata.tmp")}
@@ -153,9 +164,6 @@ def test_fsync_returns_with_the_server_away_and_a_killed_mount_stages_its_parked
             assert open(f"{mp}/note.txt", "rb").read() == b"a small one"  # opened and read during its staging
             assert time.monotonic() - t0 < 5.0, "a read waited for the staging of its file"
             os.kill(pid, signal.SIGKILL)
-        finally:
-            force_unmount(mp)
-        wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
 
         hub.start()
         # A record of another branch, in the same journal: left for a mount of it.
@@ -226,15 +234,12 @@ def test_a_mount_killed_while_it_stages_parked_files_stages_them_whole_when_rest
     chunks at the server, some files staged, some not): the restarted mount stages every file
     the journal still holds, and the branch ends with exactly what was written."""
     with _hub_with_repo(tmp_path) as (hub, plane, repo):
-        link = WanProxy("127.0.0.1", hub.port, rate_mbit=100).start()  # (so that the kill finds stagings under way)
         write_dir = tmp_path / "writes"
         mp = str(tmp_path / "mnt")
-        os.makedirs(mp)
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--log-file", mp + ".mount.log")
-        fabric("mount", link.url_for(), f"{repo}@main", mp, *opts, token=hub.token)
-        pid = _state(mp)["pid"]
         shards = {f"ckpt/shard{i}.bin": os.urandom(12 * 1024 * 1024) for i in range(4)}
-        try:
+        # (over 100 Mbit/s, so that the kill finds stagings under way)
+        with WanProxy("127.0.0.1", hub.port, rate_mbit=100) as link, _mount_to_kill(link.url_for(), hub.token, repo, mp, opts) as pid:
             os.mkdir(f"{mp}/ckpt")
             for name, data in shards.items():
                 with open(f"{mp}/{name}", "wb") as f:
@@ -244,10 +249,6 @@ def test_a_mount_killed_while_it_stages_parked_files_stages_them_whole_when_rest
             assert len(_records(write_dir)) == 4
             time.sleep(1.0)  # (the workers are sending: 48 MiB take about 4 s at 100 Mbit/s)
             os.kill(pid, signal.SIGKILL)
-        finally:
-            force_unmount(mp)
-            link.stop()
-        wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
         assert len(_records(write_dir)) >= 1  # the kill came before every file was staged
         with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
             assert sorted(os.listdir(f"{again}/ckpt")) == sorted(n.split("/")[1] for n in shards)
@@ -269,12 +270,9 @@ def test_a_restarted_mount_serves_its_parked_files_at_once_and_stages_them_in_th
         plane.commit(repo, "main", "base")
         write_dir = tmp_path / "writes"
         mp = str(tmp_path / "mnt")
-        os.makedirs(mp)
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--server-timeout", "60", "--log-file", mp + ".mount.log")
-        fabric("mount", hub.url, f"{repo}@main", mp, *opts, token=hub.token)
-        pid = _state(mp)["pid"]
         big = os.urandom(24 * 1024 * 1024)
-        try:
+        with _mount_to_kill(hub.url, hub.token, repo, mp, opts) as pid:
             files = {name: open(f"{mp}/{name}", "wb") for name in ("big.bin", "old.txt")}  # (opening old.txt asks the server)
             files["big.bin"].write(big)
             files["old.txt"].write(b"rewritten, parked\n")
@@ -282,9 +280,6 @@ def test_a_restarted_mount_serves_its_parked_files_at_once_and_stages_them_in_th
             assert max(_timed_fsync_and_close(f) for f in files.values()) < 5.0
             assert len(_records(write_dir)) == 2
             os.kill(pid, signal.SIGKILL)
-        finally:
-            force_unmount(mp)
-        wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
         hub.start()
 
         link = WanProxy("127.0.0.1", hub.port, rate_mbit=20).start()
@@ -317,48 +312,38 @@ def test_saving_again_under_the_same_name_does_not_wait_for_the_last_saves_uploa
     that version at once and the branch ends with the new one. Killed after such an open,
     before the new version's fsync, the mount brings back the last version fsync returned for."""
     with _hub_with_repo(tmp_path) as (hub, plane, repo):
-        link = WanProxy("127.0.0.1", hub.port, rate_mbit=20).start()
         write_dir = tmp_path / "writes"
         mp = str(tmp_path / "mnt")
-        os.makedirs(mp)
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--log-file", mp + ".mount.log")
         first, second = os.urandom(24 * 1024 * 1024), os.urandom(1024 * 1024)
-        try:
-            fabric("mount", link.url_for(), f"{repo}@main", mp, *opts, token=hub.token)
-            pid = _state(mp)["pid"]
-            try:
-                sent = link.stats().bytes_up
-                with open(f"{mp}/latest.pt", "wb") as f:
-                    f.write(first)
-                    _timed_fsync_and_close(f)
-                wait_for(lambda: link.stats().bytes_up - sent > 1024 * 1024, timeout=30, interval=0.05)  # its upload is under way
-                t0 = time.monotonic()
-                with open(f"{mp}/latest.pt", "wb") as f:
-                    f.write(second)
-                    _timed_fsync_and_close(f)
-                assert time.monotonic() - t0 < 4.0, "the save waited for the last one's upload"
-                assert open(f"{mp}/latest.pt", "rb").read() == second
-                assert os.listdir(mp) == ["latest.pt"]
-                wait_for(lambda: not _records(write_dir), timeout=120, interval=0.2)
-                assert plane.read(repo, "main", "latest.pt") == second
+        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, _mount_to_kill(link.url_for(), hub.token, repo, mp, opts) as pid:
+            sent = link.stats().bytes_up
+            with open(f"{mp}/latest.pt", "wb") as f:
+                f.write(first)
+                _timed_fsync_and_close(f)
+            wait_for(lambda: link.stats().bytes_up - sent > 1024 * 1024, timeout=30, interval=0.05)  # its upload is under way
+            t0 = time.monotonic()
+            with open(f"{mp}/latest.pt", "wb") as f:
+                f.write(second)
+                _timed_fsync_and_close(f)
+            assert time.monotonic() - t0 < 4.0, "the save waited for the last one's upload"
+            assert open(f"{mp}/latest.pt", "rb").read() == second
+            assert os.listdir(mp) == ["latest.pt"]
+            wait_for(lambda: not _records(write_dir), timeout=120, interval=0.2)
+            assert plane.read(repo, "main", "latest.pt") == second
 
-                # Saved, then opened again and half written when the mount is killed.
-                sent = link.stats().bytes_up
-                with open(f"{mp}/ckpt.pt", "wb") as f:
-                    f.write(first)
-                    _timed_fsync_and_close(f)
-                wait_for(lambda: link.stats().bytes_up - sent > 1024 * 1024, timeout=30, interval=0.05)
-                half = open(f"{mp}/ckpt.pt", "wb")
-                half.write(second[:1000])
-                half.flush()
-                os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(OSError):  # (its mount is gone)
-                    half.close()
-            finally:
-                force_unmount(mp)
-            wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
-        finally:
-            link.stop()
+            # Saved, then opened again and half written when the mount is killed.
+            sent = link.stats().bytes_up
+            with open(f"{mp}/ckpt.pt", "wb") as f:
+                f.write(first)
+                _timed_fsync_and_close(f)
+            wait_for(lambda: link.stats().bytes_up - sent > 1024 * 1024, timeout=30, interval=0.05)
+            half = open(f"{mp}/ckpt.pt", "wb")
+            half.write(second[:1000])
+            half.flush()
+            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):  # (its mount is gone)
+                half.close()
         with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
             assert open(f"{again}/ckpt.pt", "rb").read() == first
             wait_for(lambda: not _records(write_dir), timeout=60, interval=0.2)
@@ -410,34 +395,24 @@ def test_a_truncating_open_of_a_parked_file_waiting_for_its_staging_keeps_the_pa
     from fuse.writeback import WORKERS
 
     with _hub_with_repo(tmp_path) as (hub, plane, repo):
-        link = WanProxy("127.0.0.1", hub.port, rate_mbit=20).start()
         write_dir = tmp_path / "writes"
         mp = str(tmp_path / "mnt")
-        os.makedirs(mp)
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--log-file", mp + ".mount.log")
         saved = os.urandom(512 * 1024)
-        try:
-            fabric("mount", link.url_for(), f"{repo}@main", mp, *opts, token=hub.token)
-            pid = _state(mp)["pid"]
-            try:
-                for i in range(WORKERS):  # the workers' uploads: about 7 s in all
-                    with open(f"{mp}/busy{i}.bin", "wb") as f:
-                        f.write(os.urandom(4 * 1024 * 1024))
-                with open(f"{mp}/model.pt", "wb") as f:
-                    f.write(saved)
-                    _timed_fsync_and_close(f)
-                half = open(f"{mp}/model.pt", "wb")
-                half.write(b"half of the next save")
-                half.flush()
-                assert open(f"{mp}/model.pt", "rb").read() == b"half of the next save"
-                os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(OSError):  # (its mount is gone)
-                    half.close()
-            finally:
-                force_unmount(mp)
-            wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
-        finally:
-            link.stop()
+        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, _mount_to_kill(link.url_for(), hub.token, repo, mp, opts) as pid:
+            for i in range(WORKERS):  # the workers' uploads: about 7 s in all
+                with open(f"{mp}/busy{i}.bin", "wb") as f:
+                    f.write(os.urandom(4 * 1024 * 1024))
+            with open(f"{mp}/model.pt", "wb") as f:
+                f.write(saved)
+                _timed_fsync_and_close(f)
+            half = open(f"{mp}/model.pt", "wb")
+            half.write(b"half of the next save")
+            half.flush()
+            assert open(f"{mp}/model.pt", "rb").read() == b"half of the next save"
+            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):  # (its mount is gone)
+                half.close()
         with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
             assert open(f"{again}/model.pt", "rb").read() == saved
             wait_for(lambda: not _records(write_dir), timeout=60, interval=0.2)
