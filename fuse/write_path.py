@@ -31,6 +31,8 @@ from fuse.writer import WFile
 
 log = logging.getLogger("fabric.fuse")
 
+#: How long a truncating open of a parked file waits for the RELEASE of its last close.
+RELEASE_WAIT = 1.0
 #: How many times a file's content is sent again when staging finds chunks of it missing.
 RESENDS = 2
 
@@ -122,6 +124,9 @@ class WritePath:
         assert self.writeback is not None
         with st.names.hold(p):  # (an unlink or rename of p waits; so would a staging's last step)
             with wf.opens_mu:
+                # The kernel sends a close's RELEASE after close() returns: a save opened again
+                # at once may come first. Give it a moment before taking the file for open.
+                wf.opens_changed.wait_for(lambda: wf.opens == 0, timeout=RELEASE_WAIT)
                 parked_or_staging = wf.journal_id is not None or wf.syncing
                 if st.files.get(p) is not wf or wf.opens > 0 or wf.dropped or not parked_or_staging or linkgroups.others(st, p):
                     return wf  # open elsewhere, or a name of several: as without write-back

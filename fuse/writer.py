@@ -136,6 +136,7 @@ class WFile:
         self.meta = dict(base.meta) if base else {}
         self.opens = 0  # handles open on it; changed under opens_mu (and lock, but for open_for_reading)
         self.opens_mu = threading.Lock()
+        self.opens_changed = threading.Condition(self.opens_mu)
         self.dropped = False  # its local state is forgotten (set with opens 0, under opens_mu)
         self.generation = 1  # bumped by every change
         self.synced_generation = 0 if base is None else 1  # a new file is not on the server yet
@@ -188,6 +189,7 @@ class WFile:
     def count_open(self, delta: int) -> None:
         with self.opens_mu:
             self.opens += delta
+            self.opens_changed.notify_all()
 
     def hold_unless_staging(self) -> bool:
         """Take ``lock``, unless a staging of this file holds it (it may be waiting for an
