@@ -74,6 +74,8 @@ class Directories:
         for name, e in list(d.children.items()):
             full = prefix + name
             wf = files.get(full)
+            if wf is None:  # (a file staged and forgotten since the copy of the listing: its new entry)
+                e = d.children.get(name, e)
             out.append((name, self.attrs.of_file(wf) if wf is not None else self.attrs.of_entry(full, e)))
         if files:
             for wp, wf in list(files.items()):

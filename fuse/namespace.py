@@ -15,9 +15,12 @@ listed once. :attr:`Dir.shadowed` keeps the names whose entry is hidden, so
 that changes through the mount never overwrite what nobody can see.
 
 Thread safety: the cached listings are changed under a short internal lock
-that is never held across a network call. A listing is loaded without it and
-kept only if no change of that directory was recorded while it was loading
-(else it might predate the change; the next lookup lists again).
+that is never held across a network call. A listing is loaded without it; the
+changes this mount makes to that directory's entries while it loads
+(:meth:`Namespace.update`) are applied to it before it is kept or returned
+(the server may have answered before them). If the directory was forgotten
+meanwhile (:meth:`Namespace.invalidate`: it changed elsewhere), it is listed
+again.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from fabric.plane.retry import RetryingPlane, ServerGone
 from fuse.outage import acquire
 
 LIST_PAGE = 10_000
+#: Listings of one directory in a row before a directory forgotten while it loads is
+#: served anyway (not kept): it keeps changing elsewhere.
+LOAD_TRIES = 3
 #: Opens remembered per sibling order: a scan by two readers in parallel (interleaved) is still one.
 RECENT_OPENS = 2
 
@@ -121,7 +127,9 @@ class Namespace:
         self._dirs: dict[str, Dir] = {}
         self._loading: dict[str, threading.Lock] = {}  # one load of a directory at a time
         self._guard = threading.Lock()  # the tables below and above; never held across a network call
-        self._versions: dict[str, int] = {}  # directory -> count of changes recorded for its listing
+        self._versions: dict[str, int] = {}  # directory -> count of times its listing was forgotten or set
+        #: Directory being loaded -> the entries this mount changed in it since (name -> entry, None: gone).
+        self._loads: dict[str, dict[str, Entry | None]] = {}
         self._epoch = 0  # bumped when whole subtrees are forgotten
         self.lists = 0
 
@@ -133,7 +141,8 @@ class Namespace:
         return d is not None and (self.ttl is None or time.monotonic() - d.loaded_at < self.ttl)
 
     def _changed(self, path: str) -> None:
-        """Record a change of ``path``'s listing (``_guard`` held): loads in flight are not kept."""
+        """Record that ``path``'s listing was forgotten or set (``_guard`` held): a load in flight
+        is not kept."""
         self._versions[path] = self._versions.get(path, 0) + 1
 
     def dir(self, path: str) -> Dir:
@@ -154,17 +163,28 @@ class Namespace:
             d = self._dirs.get(path)
             if self._fresh(d):
                 return d  # type: ignore[return-value]
-            with self._guard:
-                seen = (self._versions.get(path, 0), self._epoch)
-            try:
-                new = self._load(path)
-            except ServerGone:
-                if d is None:
-                    raise
-                return d  # the server is away: an expired listing beats an error
-            with self._guard:
-                if (self._versions.get(path, 0), self._epoch) == seen:
-                    self._dirs[path] = new
+            for _ in range(LOAD_TRIES):
+                with self._guard:
+                    seen = (self._versions.get(path, 0), self._epoch)
+                    made_here = self._loads[path] = {}
+                try:
+                    new = self._load(path)
+                except ServerGone:
+                    if d is None:
+                        raise
+                    return d  # the server is away: an expired listing beats an error
+                finally:
+                    with self._guard:
+                        del self._loads[path]
+                with self._guard:
+                    for name, entry in made_here.items():
+                        _apply(new, name, entry)
+                    if (self._versions.get(path, 0), self._epoch) == seen:
+                        self._dirs[path] = new
+                        return new
+                    current = self._dirs.get(path)
+                    if self._fresh(current):
+                        return current  # type: ignore[return-value]  # (known without asking meanwhile)
             return new
         finally:
             lock.release()
@@ -235,21 +255,28 @@ class Namespace:
         return bool(page.entries or page.prefixes)
 
     def update(self, path: str, entry: Entry | None) -> None:
-        """Reflect a change made through this mount in the cached parent listing (if loaded)."""
+        """Reflect a change made through this mount in the cached parent listing (if loaded)
+        and in a listing of the parent now loading."""
         parent, name = split(path)
         with self._guard:
-            self._changed(parent)
             if entry is None or entry.kind != DIR:
                 self._dirs.pop(path, None)
                 self._changed(path)
+            loading = self._loads.get(parent)
+            if loading is not None:
+                loading[name] = entry
             d = self._dirs.get(parent)
-            if d is None:
-                return
-            if entry is None:
-                if d.children.pop(name, None) is not None:
-                    d.changed()
-            elif d.children.get(name) is not entry:
-                d.children[name] = entry
-                d.changed()
-            if name in d.shadowed:
-                d.shadowed = d.shadowed - {name}
+            if d is not None:
+                _apply(d, name, entry)
+
+
+def _apply(d: Dir, name: str, entry: Entry | None) -> None:
+    """Put ``entry`` at ``name`` in listing ``d`` (None: remove it); the name shows then."""
+    if entry is None:
+        if d.children.pop(name, None) is not None:
+            d.changed()
+    elif d.children.get(name) is not entry:
+        d.children[name] = entry
+        d.changed()
+    if name in d.shadowed:
+        d.shadowed = d.shadowed - {name}
