@@ -461,7 +461,7 @@ class SpokeReader(Reader):
         size = str(self.wl.cache_bytes) if self.wl.cache_bytes else "4GiB"
         self.spoke = subprocess.Popen([*self.env.cli, "spoke", "--hub", self.env.wan_rest.url_for(), "--cache", cache,
                                        "--cache-size", size, "--listen", f"127.0.0.1:{port}", "--token", self.env.token,
-                                       "--log-level", "warning"],
+                                       "--log-level", "warning", *self.env.args.spoke_arg],
                                       stdout=log, stderr=subprocess.STDOUT, env=fabric_env(), cwd=FABRIC_SRC)
         log.close()
         self.spoke_url = f"http://127.0.0.1:{port}"
@@ -868,6 +868,36 @@ def learned_figures(stats: dict | None) -> tuple[float, float | None, float | No
     return (covered / stats["demand_bytes"], *prefetch_figures(stats, "learned"))
 
 
+def learned_coverage_bound(k: float) -> float:
+    """The most coverage any prefetch can reach in an epoch that reads its files in an order
+    it cannot predict (a new random order), when the link could carry ``k`` times the epoch's
+    data in the epoch's time (``k`` = link rate / data rate).
+
+    The job reads at a steady rate: a time unit is the epoch, a byte unit its data. The files
+    it reads that were not fetched ahead take the link at rate ``1 - c`` (``c``: the share of
+    its reads that hit what prefetch fetched); prefetch has the rest, ``k - 1 + c``, and the
+    job takes ``c`` of what prefetch holds. So what prefetch holds ahead grows at ``k - 1``
+    whatever the order: ``u(t) = (k - 1) t``. A read hits with probability ``u / (1 - t)`` (the
+    unread files fetched ahead among the unread files) until ``u`` reaches ``1 - t``, at
+    ``t* = 1 / k``; from then on every read hits. Coverage is the mean of that probability over
+    the epoch: ``(k - 1)(-t* - ln(1 - t*)) + 1 - t*``. At ``k = 1.25`` (the job reads at 80%
+    of the link) that is 40%; 80% needs ``k`` of at least 2.86 (a job reading at 35% of the link
+    or less)."""
+    if k <= 1:
+        return 0.0
+    t = 1 / k
+    return (k - 1) * (-t - math.log(1 - t)) + 1 - t
+
+
+def learned_bound(summary: dict, rate: str, wl: str) -> float | None:
+    """:func:`learned_coverage_bound` for fabric-learned's first epoch (its measured data rate
+    against the link's rate)."""
+    mb_s = fig(summary, rate, wl, "fabric-learned", "epoch1", "mb_s")
+    if not mb_s:
+        return None
+    return learned_coverage_bound(float(rate) * 1e6 / 8 / MB / mb_s)
+
+
 def goals(summary: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """(goal, measured, verdict) for each of the issue's goals, per rate."""
     out = []
@@ -905,8 +935,10 @@ def goals(summary: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
                             verdict(mine >= 2 * peers[best])))
             learned = learned_figures(fig(summary, rate, wl, "fabric-learned", "epoch1", "job_stats"))
             if learned is not None:
+                bound = learned_bound(summary, rate, wl)
                 out.append((f"{rate} Mbit/s {wl}: learned working set on a second job: coverage >= 80%",
-                            f"{learned[0]:.1%}", verdict(learned[0] >= 0.8)))
+                            f"{learned[0]:.1%}" + ("" if bound is None else f" (the most any prefetch reaches in that epoch: {bound:.1%})"),
+                            verdict(learned[0] >= 0.8)))
             acc, waste = prefetch_figures(load_stats(summary[rate].get(wl, {})))
             if acc is not None:
                 out.append((f"{rate} Mbit/s {wl}: hint prefetch accuracy >= 95%, waste <= 5%",
@@ -995,9 +1027,12 @@ def render(report: dict) -> str:
             learned = learned_figures(fig(s, rate, wl, "fabric-learned", "epoch1", "job_stats"))
             if learned is not None:
                 cov, acc, waste = learned
+                bound = learned_bound(s, rate, wl)
                 lines += ["", f"fabric-learned at the spoke (job stats after epoch 1): learned prefetch coverage {cov:.1%} "
                           f"(demand bytes it had fetched ahead), accuracy {'-' if acc is None else format(acc, '.1%')}, "
-                          f"waste {'-' if waste is None else format(waste, '.1%')}"]
+                          f"waste {'-' if waste is None else format(waste, '.1%')}"
+                          + ("" if bound is None else f"; the most any prefetch reaches in an epoch at that data rate, "
+                             f"in an order it cannot predict: {bound:.1%}")]
     failures = [f"- {r['reader']}, {r['workload']}, {r['rate_mbit']:g} Mbit/s, {r['label']} (round {r['round']}): {r['failed']}"
                 for r in report["rows"] if r.get("failed")]
     if failures:
@@ -1036,6 +1071,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--data", default=os.path.join(HERE, "work", "data"))
     ap.add_argument("--work", default=os.path.join(HERE, "work", "stores"))
     ap.add_argument("--keep-work", action="store_true")
+    ap.add_argument("--spoke-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for every `fabric spoke` the run starts (repeatable; to compare spoke "
+                         "options, e.g. --spoke-arg=--prefetch-window --spoke-arg=256MiB)")
     ap.add_argument("--json-out")
     ap.add_argument("--md-out")
     args = ap.parse_args()

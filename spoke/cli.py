@@ -77,7 +77,10 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
     "--prefetch-window",
     metavar="SIZE",
     help="The most bytes learned prefetch fetches ahead of a job that it has not read yet; at most half the chunk "
-    "cache. Default: the same as --hint-window.",
+    "cache, which is the default. A job starts with --hint-window (or this, if smaller); once it has read 4 files "
+    "of the learned working set in a row, the window doubles with each further one, and an open outside the "
+    "working set takes it back to the start. A job reading in an order nobody can predict is covered only by what "
+    "is already fetched, so the window must be able to hold its working set.",
 )
 @click.option(
     "--group",

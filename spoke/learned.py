@@ -15,8 +15,15 @@ events past :data:`QUEUE_EVENTS` are dropped); one background thread does the re
 2. **Predict and prefetch**: while the session's job reads inside the dataset's working
    set, the predicted next files (:meth:`spoke.workload.Dataset.predict`) are fetched at
    BACKGROUND priority (``kind="learned"``, tagged with the job), in order, until the
-   bytes fetched ahead and not yet opened reach the window (``fabric spoke
-   --prefetch-window``). The chunks ahead are the cache's plan for the job
+   bytes fetched ahead and not yet opened reach the session's window. That starts small
+   (the hint window), so a job that opens one file of the dataset and then reads
+   something else costs little; once :data:`GROW_AFTER` opens in a row were inside the
+   working set, it doubles at each further one, up to ``fabric spoke --prefetch-window``
+   (half the chunk cache by default), and an open outside it brings it back to the start.
+   A job reading in an order nobody can predict (a new random order every epoch) is
+   covered only by what was fetched ahead of it, so the window must be able to hold the
+   working set: with a window of a third of it, coverage at a data rate of a third of the
+   link is about 64% at best, with all of it about 77%. The chunks ahead are the cache's plan for the job
    (:meth:`fabric.cache.disk.DiskCache.plan`), so they are not evicted before they are read.
    A file fetched ahead that the job has not opened within :data:`STALE_OPENS` opens
    leaves the window (a wrong guess).
@@ -59,6 +66,8 @@ MAX_SESSIONS = 256
 RECENT_OPENS, MIN_OPENS, STOP_RATIO = 16, 8, 0.5
 #: The share of the window fetched ahead after which the cache's plan for a session is set again.
 REPLAN_FRACTION = 1 / 8
+#: Opens in a row inside the working set after which a session's window grows (doubling at each).
+GROW_AFTER = 4
 #: Opens after which a file fetched ahead and still unopened counts as a wrong guess.
 STALE_OPENS = 64
 #: Observations written to the model at a time (and whenever the thread is idle).
@@ -82,6 +91,7 @@ class _Session:
     files: list[tuple[str, int]] = field(default_factory=list)  # not yet written
     pairs: list[tuple[str, str]] = field(default_factory=list)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_OPENS))
+    inside_run: int = 0  # the last opens in a row that were inside the working set
     ahead: OrderedDict = field(default_factory=OrderedDict)  # path -> (bytes, open number, chunk ids)
     unplanned: int = 0  # bytes fetched ahead since the cache's plan was last set
     stopped: bool = False
@@ -101,15 +111,20 @@ class LearnedPrefetch:
         window: int,
         enabled: bool = True,
         hinted: Callable[[str, str], bool] | None = None,
+        first_window: int | None = None,
     ) -> None:
-        """``hinted(job, repo)``: whether the job has sent its read order for the repository
-        (then its hints, not what others did, say what it reads next: nothing is predicted)."""
+        """``window``: the most bytes fetched ahead of a session; ``first_window``: a session's
+        window until it has read :data:`GROW_AFTER` files of the working set in a row (the
+        same as ``window`` if None). ``hinted(job, repo)``: whether the job has sent its read
+        order for the repository (then its hints, not what others did, say what it reads
+        next: nothing is predicted)."""
         self.store = store
         self._hinted = hinted
         self._resolve = resolve
         self.fetcher = fetcher
         self.cache = cache
         self.window = window
+        self.first_window = window if first_window is None else min(first_window, window)
         self.enabled = enabled and window > 0
         self._events: queue.Queue = queue.Queue(QUEUE_EVENTS)
         self._sessions: OrderedDict[tuple[str, str, str], _Session] = OrderedDict()
@@ -144,6 +159,7 @@ class LearnedPrefetch:
             "prefetched_bytes": self.prefetched_bytes,
             "dropped_events": self.dropped_events,
             "window_bytes": self.window,
+            "first_window_bytes": self.first_window,
         }
 
     # -- the background thread -----------------------------------------------
@@ -197,7 +213,9 @@ class LearnedPrefetch:
         if s.dataset is None:
             self._place(s, path)
         if s.dataset is not None:
-            s.recent.append(path in s.dataset)
+            inside = path in s.dataset
+            s.recent.append(inside)
+            s.inside_run = s.inside_run + 1 if inside else 0
             s.ahead.pop(path, None)
             if len(s.files) >= FLUSH_OPENS:
                 self._flush(s)
@@ -238,12 +256,13 @@ class LearnedPrefetch:
         for path in [p for p, (_, at, _) in s.ahead.items() if s.opens - at >= STALE_OPENS]:
             del s.ahead[path]
         used = sum(n for n, _, _ in s.ahead.values())
-        if used >= self.window:
+        window = self.window_of(s)
+        if used >= window:
             return
         resolve = None
         fetched = False
         for path in s.dataset.predict(s.last, _Skip(s.read, s.ahead)):
-            if used >= self.window:
+            if used >= window:
                 break
             if resolve is None:
                 try:
@@ -266,9 +285,17 @@ class LearnedPrefetch:
             fetched = True
         # The plan is set again once an eighth of a window was added to it (or when it held
         # nothing): setting it for every file opened walked the whole window at each open.
-        if fetched and (s.unplanned >= self.window * REPLAN_FRACTION or s.unplanned == used):
+        if fetched and (s.unplanned >= window * REPLAN_FRACTION or s.unplanned == used):
             self.cache.plan([cid for _, _, ids in s.ahead.values() for cid in ids], s.name)
             s.unplanned = 0
+
+    def window_of(self, s: _Session) -> int:
+        """The bytes ``s`` may have fetched ahead: the first window, doubled at each open inside
+        the working set from the :data:`GROW_AFTER`-th in a row on, at most :attr:`window`."""
+        doublings = s.inside_run - GROW_AFTER + 1
+        if doublings <= 0:
+            return self.first_window
+        return min(self.window, self.first_window << min(doublings, 40))
 
     def _flush_all(self) -> None:
         for s in list(self._sessions.values()):

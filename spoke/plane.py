@@ -142,7 +142,8 @@ class SpokePlane(DataPlane):
         (default :func:`spoke.hints.default_window` of the chunk cache's budget).
         ``prefetch_share``: the share of the fetch workers learned (background) prefetch may
         keep busy (at least one; 0 turns learned prefetch off); ``prefetch_window``: the most
-        bytes it fetches ahead of a job (default: the hint window) (:mod:`spoke.learned`).
+        bytes it fetches ahead of a job (default: half the chunk cache), once the job has shown
+        it reads the learned working set; until then at most the hint window (:mod:`spoke.learned`).
         ``full_wait``: how long a ``local`` write waits for the write-back to free room in a
         cache full of writes not yet at the hub (back-pressure) before it fails (0: at once).
         ``replica_takeover``: how long the origin of copies kept here (:mod:`spoke.replicas`) may
@@ -210,12 +211,12 @@ class SpokePlane(DataPlane):
         self.lookahead = Lookahead(
             self.fetcher, self.reader.chunk_lists, window, lambda name, ids: self.chunk_cache.plan(ids, name), self.chunk_cache.__contains__
         )
-        learned_window = window if prefetch_window is None else prefetch_window
+        learned_window = self.chunk_cache.budget // 2 if prefetch_window is None else prefetch_window
         if not 0 <= learned_window <= self.chunk_cache.budget // 2:
             raise BadRequest(f"the prefetch window must be 0 to half the chunk cache ({self.chunk_cache.budget // 2} bytes), not {learned_window}")
         self.learned = LearnedPrefetch(
             WorkloadStore(cache_dir), self._resolver, self.fetcher, self.chunk_cache, learned_window, prefetch_share > 0,
-            hinted=self.lookahead.hinting,
+            hinted=self.lookahead.hinting, first_window=window,
         )
         self.state = SpokeState(cache_dir)
         self.tracker = RefTracker(self.upstream, self.traffic, self.state, lease)

@@ -124,6 +124,45 @@ def test_a_job_reading_something_else_stops_learned_prefetch(hub: Hub, tmp_path)
         assert learned(spoke)["prefetched_bytes"] == before
 
 
+def test_the_window_grows_to_hold_the_working_set_once_a_job_keeps_reading_inside_it(hub: Hub, tmp_path) -> None:
+    """A second job reads the 40 files in a new random order (no successor the teacher left
+    predicts it): it starts with the 2 MiB hint window (8 files), and from its 4th open in a
+    row inside the working set the window doubles at each open, to hold all the rest, so
+    most of its reads find their file fetched. An open outside the working set takes the
+    window back to its start."""
+    repo = unique_name("learned-grow")
+    upload(hub, repo, dataset(5))
+    taught = [f"train/a{i:03d}.bin" for i in range(40)]
+    new_order = [taught[i] for i in (21, 3, 37, 14, 8, 30, 1, 26, 11, 39, 17, 5, 33, 22, 9, 28, 0, 35, 12, 24,
+                                     6, 31, 18, 2, 38, 15, 27, 10, 34, 20, 4, 29, 16, 36, 7, 25, 13, 32, 19, 23)]
+    with start_spoke(hub.url, tmp_path / "cache", "256MiB", token=hub.token,
+                     args=["--hint-window", WINDOW, "--prefetch-window", "32MiB"]) as spoke:
+        teach_then_empty_cache(spoke, repo, taught)
+        assert learned(spoke)["first_window_bytes"] == 2 * MiB and learned(spoke)["window_bytes"] == 32 * MiB
+        read_files(spoke, "second", repo, new_order[:3], STEP)
+        wait_for(lambda: learned(spoke)["prefetched_files"] >= 8, timeout=10)
+        time.sleep(0.5)
+        assert learned(spoke)["prefetched_files"] == 8  # the first window (3 opens: not grown yet)
+        read_files(spoke, "second", repo, new_order[3:6], STEP)
+        wait_for(lambda: learned(spoke)["prefetched_files"] >= 40 - 6, timeout=10)  # all the rest
+        wait_for(lambda: job_prefetch(spoke, "second")[1]["prefetched_bytes"] >= (40 - 6) * FILE, timeout=30)
+        read_files(spoke, "second", repo, new_order[6:], STEP)
+        job, pre = job_prefetch(spoke, "second")
+        assert job["demand_bytes"] == 40 * FILE
+        assert pre["covered_bytes"] >= 0.8 * 40 * FILE, (pre, job)
+        assert pre["wasted_bytes"] == 0
+
+        # A third job: after its 4 opens inside (a window of 16 files), a file outside the
+        # working set (a b-file) takes its window back to 8, so two more opens inside add at
+        # most a few refills (were it not taken back, they would double it twice: all the rest).
+        restart_with_no_chunks(spoke)
+        read_files(spoke, "third", repo, new_order[:4], STEP)
+        wait_for(lambda: job_prefetch(spoke, "third")[1]["prefetched_bytes"] >= 9 * FILE, timeout=10)
+        read_files(spoke, "third", repo, ["train/b000.bin", *new_order[4:6]], STEP)
+        time.sleep(0.5)
+        assert job_prefetch(spoke, "third")[1]["prefetched_bytes"] <= 22 * FILE
+
+
 @needs_fuse
 def test_jobs_reading_small_files_through_mounts_teach_and_are_covered(hub: Hub, tmp_path, monkeypatch) -> None:
     """A mount of a commit answers the opens of small files from its listing, asking the
