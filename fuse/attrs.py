@@ -254,6 +254,8 @@ class Attributes:
                         linkgroups.refresh_local(st, staged, p)
                     linkgroups.invalidate(st, staged, p)
                     return
+        if self.writes.writeback is not None and self.writes.writeback.change_attributes(wf, wf_change, now):
+            return
         with wf.lock:
             wf_change(wf)
             wf.ctime_ns = now

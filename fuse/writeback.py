@@ -46,6 +46,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -109,6 +110,37 @@ class WriteBack:
             self.writes.sync(wf)
         elif closed:
             self._queue(wf)
+
+    def change_attributes(self, wf: WFile, change: Callable[[WFile], None], now_ns: int) -> bool:
+        """A chmod, chown or utimens of ``wf``, a file with local content: applied to it, its
+        record rewritten if it is parked (a kill after it brings the file back changed), and
+        staged in the background after its last close, as a write would be (a ``cp -p`` or
+        ``shutil.copy2`` sets the times and mode of the file it just closed: they must not
+        stage it inline). While a staging of ``wf`` runs (it may wait for the server), the
+        change is made beside it and staged after it. False for a file without local content
+        (the caller stages the change itself: no upload)."""
+        if wf.fd is None:
+            return False
+        held = wf.hold_unless_staging()
+        try:
+            with self._mu:  # (with forget: a record dropped meanwhile is not written again)
+                change(wf)
+                wf.ctime_ns = now_ns
+                wf.generation += 1
+                rid = wf.journal_id
+                if rid is not None and wf.path is not None and not wf.unlinked:
+                    try:
+                        self.journal.write(self._record_of(wf, rid), durable=False)
+                        wf.journaled_generation = wf.generation
+                    except OSError as exc:  # still staged; only a kill before that loses the change
+                        log.warning("cannot rewrite the write-back record of %s: %s", wf.path, exc)
+            closed = wf.opens == 0
+        finally:
+            if held:
+                wf.lock.release()
+        if closed and held:
+            self._queue(wf)  # (else the worker staging it queues it again: :meth:`_stage`)
+        return True
 
     def _record(self, wf: WFile, durable: bool) -> None:
         """Write ``wf``'s record (``wf.lock`` held)."""
@@ -187,6 +219,9 @@ class WriteBack:
             self.writes.sync(wf)
             with self._mu:
                 self.staged += 1
+            if wf.dirty and wf.opens == 0 and not wf.unlinked:
+                self._queue(wf)  # changed beside the staging (:meth:`change_attributes`)
+                return
         except Exception as exc:  # noqa: BLE001 - the mount's flush loop tries again after the close
             log.warning("write-back of %s failed (it stays parked and is tried again): %s", wf.path, exc)
         self.writes.maybe_drop(wf)

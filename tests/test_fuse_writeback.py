@@ -417,3 +417,58 @@ def test_a_truncating_open_of_a_parked_file_waiting_for_its_staging_keeps_the_pa
             assert open(f"{again}/model.pt", "rb").read() == saved
             wait_for(lambda: not _records(write_dir), timeout=60, interval=0.2)
         assert plane.read(repo, "main", "model.pt") == saved
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_attribute_changes_of_a_parked_file_do_not_wait_for_its_upload(tmp_path):
+    """``shutil.copy2`` into the mount: the copy's close parks it, then its times and mode are
+    set. Those do not stage it inline (8 MiB over a 20 Mbit/s link: about 3.4 s), nor wait
+    for the staging that runs: stat shows them at once, a kill of the mount after them brings
+    them back with the file, and the branch ends with them."""
+    import shutil
+
+    with _hub_with_repo(tmp_path) as (hub, plane, repo):
+        write_dir = tmp_path / "writes"
+        mp = str(tmp_path / "mnt")
+        opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--log-file", mp + ".mount.log")
+        src = tmp_path / "weights.bin"
+        src.write_bytes(os.urandom(8 * 1024 * 1024))
+        os.chmod(src, 0o600)
+        os.utime(src, ns=(1_600_000_000_000_000_000, 1_600_000_000_123_456_789))
+        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, _mount_to_kill(link.url_for(), hub.token, repo, mp, opts) as pid:
+            t0 = time.monotonic()
+            shutil.copy2(src, f"{mp}/weights.bin")
+            assert time.monotonic() - t0 < 2.0, "the copy's chmod or utime staged the file"
+            st = os.stat(f"{mp}/weights.bin")
+            assert (st.st_mode & 0o7777, st.st_mtime_ns) == (0o600, 1_600_000_000_123_456_789)
+
+            # While its staging runs (its upload under way), another chmod returns at once.
+            sent = link.stats().bytes_up
+            wait_for(lambda: link.stats().bytes_up - sent > 1024 * 1024, timeout=30, interval=0.05)
+            t0 = time.monotonic()
+            os.chmod(f"{mp}/weights.bin", 0o640)
+            assert time.monotonic() - t0 < 1.0, "the chmod waited for the upload"
+            assert os.stat(f"{mp}/weights.bin").st_mode & 0o7777 == 0o640
+            wait_for(lambda: not _records(write_dir), timeout=60, interval=0.1)
+            wait_for(lambda: plane.stat(repo, "main", "weights.bin").mode & 0o7777 == 0o640, timeout=60, interval=0.2)
+            e = plane.stat(repo, "main", "weights.bin")
+            assert (e.size, e.mtime_ns) == (8 * 1024 * 1024, 1_600_000_000_123_456_789)
+
+            # Parked and then changed, the mount killed before the staging: the restarted mount
+            # brings the file back with the changed mode and times.
+            with open(f"{mp}/other.bin", "wb") as f:  # (a create asks the server: before the kill)
+                f.write(b"parked")
+                hub.kill()
+                os.fsync(f.fileno())
+            os.chmod(f"{mp}/other.bin", 0o604)
+            os.utime(f"{mp}/other.bin", ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_007))
+            os.kill(pid, signal.SIGKILL)
+        hub.start()
+        with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
+            st = os.stat(f"{again}/other.bin")
+            assert (st.st_mode & 0o7777, st.st_mtime_ns) == (0o604, 1_700_000_000_000_000_007)
+            wait_for(lambda: not _records(write_dir), timeout=60, interval=0.1)
+        e = plane.stat(repo, "main", "other.bin")
+        assert (e.mode & 0o7777, e.mtime_ns) == (0o604, 1_700_000_000_000_000_007)
+        assert plane.read(repo, "main", "weights.bin") == src.read_bytes()

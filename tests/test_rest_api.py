@@ -449,6 +449,8 @@ def test_put_streamed_get_head_stat(c: httpx.Client, repo: str):
     assert info["path"] == "dir/big.bin" and info["type"] == "file" and info["size"] == len(data)
     assert info["etag"] == md5 and info["mode"] == "600" and info["metadata"] == {"owner": "team-a"}
     assert info["mtime"] == pytest.approx(1700000000.123456789)
+    assert info["mtime_ns"] == 1700000000123456789  # exact (the float of seconds is not)
+    assert c.get(f"{API}/repos/{repo}/refs/main/stat", params={"path": "dir/big.bin"}).json()["mtime_ns"] == 1700000000123456789
     r = get(c, repo, "main", "dir/big.bin")
     assert r.status_code == 200 and r.content == data
     assert r.headers["etag"] == f'"{md5}"' and r.headers["accept-ranges"] == "bytes"

@@ -132,6 +132,7 @@ class Entry:
             "size": self.size,
             "mode": f"{self.mode:o}",
             "mtime": self.mtime_ns / 1e9,
+            "mtime_ns": self.mtime_ns,  # (exact: a float of seconds keeps about a quarter microsecond)
         }
         if self.md5:
             d["etag"] = self.md5
@@ -147,6 +148,7 @@ class Entry:
             d["link"] = self.link
         if self.ctime_ns is not None:
             d["ctime"] = self.ctime_ns / 1e9
+            d["ctime_ns"] = self.ctime_ns
         return d
 
 

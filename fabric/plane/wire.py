@@ -27,7 +27,7 @@ def entry_from_json(d: dict[str, Any]) -> Entry:
         kind=d["type"],
         size=d["size"],
         mode=int(d["mode"], 8),
-        mtime_ns=int(round(d["mtime"] * 1e9)),
+        mtime_ns=_ns(d, "mtime"),
         uid=d.get("uid"),
         gid=d.get("gid"),
         md5=d.get("etag", ""),
@@ -36,8 +36,15 @@ def entry_from_json(d: dict[str, Any]) -> Entry:
         meta=d.get("metadata") or {},
         rdev=d.get("rdev") or 0,
         link=d.get("link") or "",
-        ctime_ns=int(round(d["ctime"] * 1e9)) if d.get("ctime") is not None else None,
+        ctime_ns=_ns(d, "ctime") if d.get("ctime") is not None else None,
     )
+
+
+def _ns(d: dict[str, Any], field: str) -> int:
+    """A time of a JSON description in nanoseconds: exact from ``FIELD_ns`` where the server
+    sends it, else from the seconds of ``FIELD``."""
+    exact = d.get(field + "_ns")
+    return exact if isinstance(exact, int) else int(round(d[field] * 1e9))
 
 
 def commit_from_json(d: dict[str, Any]) -> Commit:

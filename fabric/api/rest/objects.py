@@ -30,6 +30,8 @@ class ObjectStat(BaseModel):
     size: int
     mode: str
     mtime: float
+    #: ``mtime`` exactly, in nanoseconds (a float of seconds loses the last digits).
+    mtime_ns: int | None = None
     etag: str | None = None
     target: str | None = None
     uid: int | None = None
@@ -41,6 +43,7 @@ class ObjectStat(BaseModel):
     link: str | None = None
     #: The last change of the entry's metadata (seconds since the epoch).
     ctime: float | None = None
+    ctime_ns: int | None = None
 
 
 class ObjectPage(BaseModel):
