@@ -173,7 +173,7 @@ class NamespaceChanges:
         if flags & ~RENAME_NOREPLACE:
             raise err(errno.EINVAL)  # RENAME_EXCHANGE / RENAME_WHITEOUT
         check_path(dst)
-        if src == dst or self._rename_parked(src, dst):
+        if src == dst or self._rename_parked(src, dst, flags):
             return
         # Stage what is still local first (before holding the names: uploads can be long).
         for wp, wf in list(st.files.items()):
@@ -240,25 +240,34 @@ class NamespaceChanges:
                 linkgroups.refresh_local(st, changes, "")
             linkgroups.invalidate(st, changes, dst)
 
-    def _rename_parked(self, src: str, dst: str) -> bool:
+    def _rename_parked(self, src: str, dst: str, flags: int) -> bool:
         """With ``--writeback``: rename a file that exists only on this mount (never staged) to a
-        free name of its directory without the server; its journal record takes the new name and
-        it is staged there later (a checkpoint's ``.metadata.tmp`` -> ``.metadata``). False when
-        the rename needs the general path."""
+        name of its directory without the server; its journal record takes the new name and it
+        is staged there later (a checkpoint's ``.metadata.tmp`` -> ``.metadata``). The name may
+        hold a file with one name, which the staging replaces on the branch (a save to
+        ``latest.pt.tmp`` renamed over ``latest.pt``); a parked version of that file is
+        superseded, its record kept until the moved file's record is written. False when the
+        rename needs the general path."""
         st = self.state
         writeback = self.writes.writeback
         if writeback is None or split(src)[0] != split(dst)[0]:
             return False
         with st.names.hold(src, dst):
             wf = st.files.get(src)
-            if wf is None or wf.on_server or wf.unlinked or dst in st.files or st.entry(dst) is not None:
+            if wf is None or wf.on_server or wf.unlinked:
                 return False
+            replaced = st.entry(dst)
+            if replaced is not None and (replaced.kind != FILE or replaced.link or flags & RENAME_NOREPLACE or st.ns.shadows(dst)):
+                return False  # (a directory, a name of a hard-linked file, EEXIST: the general path)
+            old = st.files.get(dst)
             now = time.time_ns()
             with st.mu:
-                self._move_local(src, dst, False, now)
+                self._move_local(src, dst, False, now)  # (an old local file at dst: unlinked, still open where it is)
                 st.inodes.renamed([(src, dst, wf.stat_entry())])
                 st.bump_dir(split(dst)[0], now)
                 wf.dir_touched = now  # (its directory's new times are staged with it)
+            if old is not None:
+                writeback.supersede(old, wf)
             writeback.moved(wf)
         return True
 

@@ -183,6 +183,7 @@ class WriteBack:
             rid = wf.journal_id
         if rid is not None:
             self.journal.write(self._record_of(wf, rid), durable=False)
+            self._drop_replaced(wf)  # (the records of a file it replaced: :meth:`supersede`)
 
     def _parked_bytes(self, wf: WFile) -> int:
         with self._mu:
