@@ -132,7 +132,7 @@ class Entry:
             "size": self.size,
             "mode": f"{self.mode:o}",
             "mtime": self.mtime_ns / 1e9,
-            "mtime_ns": self.mtime_ns,  # (exact: a float of seconds keeps about a quarter microsecond)
+            "mtime_ns": self.mtime_ns,  # (exact: a float of seconds is exact only to about 0.24 µs now)
         }
         if self.md5:
             d["etag"] = self.md5
