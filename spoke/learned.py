@@ -23,8 +23,9 @@ events past :data:`QUEUE_EVENTS` are dropped); one background thread does the re
    A job reading in an order nobody can predict (a new random order every epoch) is
    covered only by what was fetched ahead of it, so the window must be able to hold the
    working set: with a window of a third of it, coverage at a data rate of a third of the
-   link is about 64% at best, with all of it about 77%. The chunks ahead are the cache's plan for the job
-   (:meth:`fabric.cache.disk.DiskCache.plan`), so they are not evicted before they are read.
+   link is about 64% at best, with all of it about 77%. The chunks ahead are the cache's
+   plan for the job (:meth:`fabric.cache.disk.DiskCache.plan`), so they are not evicted
+   before they are read.
    A file fetched ahead that the job has not opened within :data:`STALE_OPENS` opens
    leaves the window (a wrong guess).
 3. **Stop**: once :data:`MIN_OPENS` of the last :data:`RECENT_OPENS` opens are known and
