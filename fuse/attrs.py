@@ -254,12 +254,16 @@ class Attributes:
                         linkgroups.refresh_local(st, staged, p)
                     linkgroups.invalidate(st, staged, p)
                     return
-        if self.writes.writeback is not None and self.writes.writeback.change_attributes(wf, wf_change, now):
-            return
-        with wf.lock:
+
+        def change(wf: WFile) -> None:
             wf_change(wf)
             wf.ctime_ns = now
             wf.generation += 1
+
+        if self.writes.writeback is not None and self.writes.writeback.change_attributes(wf, change):
+            return
+        with wf.lock:
+            change(wf)
         if wf.opens == 0:
             self.writes.sync_and_forget(wf)
 

@@ -24,10 +24,12 @@ threads would compete with the writer for the CPU and lengthen the very writes f
 for (measured: 256 MiB from 4 writers took 0.13-0.17 s to write without it, 0.28-0.37 s with
 it, and the checkpoint reached the hub no sooner).
 
-Ordering: a rename of a file that exists only on this mount to a free name in its directory
-(a checkpoint's final ``.metadata.tmp`` -> ``.metadata``) is made on the mount alone: the
-record takes the new name (:meth:`NamespaceChanges._rename_parked`). Any other rename of a
-parked file stages it first, inline, as without write-back. An unlink drops the record (a
+Ordering: a rename of a file that exists only on this mount to a name in its directory that
+is free (a checkpoint's final ``.metadata.tmp`` -> ``.metadata``) or holds a file with one
+name (``latest.pt.tmp`` -> ``latest.pt``) is made on the mount alone: the record takes the
+new name (:meth:`NamespaceChanges._rename_parked`). Any other rename of a parked file stages
+it first, inline, as without write-back. A chmod, chown or utimens of a parked file rewrites
+its record and is staged in the background (:meth:`WriteBack.change_attributes`). An unlink drops the record (a
 killed mount never brings the file back). A truncating open of a parked file, staged or
 waiting for its staging (a checkpoint saved again under the same name while the last save is
 on its way), gives the path new local state at once (:meth:`WritePath._unless_parked`); the
@@ -111,10 +113,10 @@ class WriteBack:
         elif closed:
             self._queue(wf)
 
-    def change_attributes(self, wf: WFile, change: Callable[[WFile], None], now_ns: int) -> bool:
-        """A chmod, chown or utimens of ``wf``, a file with local content: applied to it, its
-        record rewritten if it is parked (a kill after it brings the file back changed), and
-        staged in the background after its last close, as a write would be (a ``cp -p`` or
+    def change_attributes(self, wf: WFile, change: Callable[[WFile], None]) -> bool:
+        """A chmod, chown or utimens of ``wf``, a file with local content: ``change`` applied to
+        it, its record rewritten if it is parked (a kill after it brings the file back changed),
+        and staged in the background after its last close, as a write would be (a ``cp -p`` or
         ``shutil.copy2`` sets the times and mode of the file it just closed: they must not
         stage it inline). While a staging of ``wf`` runs (it may wait for the server), the
         change is made beside it and staged after it. False for a file without local content
@@ -123,17 +125,13 @@ class WriteBack:
             return False
         held = wf.hold_unless_staging()
         try:
-            with self._mu:  # (with forget: a record dropped meanwhile is not written again)
+            with self._mu:  # (changes made beside a staging, one at a time)
                 change(wf)
-                wf.ctime_ns = now_ns
-                wf.generation += 1
-                rid = wf.journal_id
-                if rid is not None and wf.path is not None and not wf.unlinked:
-                    try:
-                        self.journal.write(self._record_of(wf, rid), durable=False)
+                try:
+                    if self._rewrite_record(wf):
                         wf.journaled_generation = wf.generation
-                    except OSError as exc:  # still staged; only a kill before that loses the change
-                        log.warning("cannot rewrite the write-back record of %s: %s", wf.path, exc)
+                except OSError as exc:  # still staged; only a kill before that loses the change
+                    log.warning("cannot rewrite the write-back record of %s: %s", wf.path, exc)
             closed = wf.opens == 0
         finally:
             if held:
@@ -180,10 +178,19 @@ class WriteBack:
         """``wf`` was renamed (its names held by the caller: no staging of it stages
         meanwhile); its record, if parked, names the new path."""
         with self._mu:
-            rid = wf.journal_id
-        if rid is not None:
-            self.journal.write(self._record_of(wf, rid), durable=False)
+            written = self._rewrite_record(wf)
+        if written:
             self._drop_replaced(wf)  # (the records of a file it replaced: :meth:`supersede`)
+
+    def _rewrite_record(self, wf: WFile) -> bool:
+        """Write ``wf``'s record again, with its name and attributes now, if it is parked
+        (not durably: nothing was fsynced); whether it was. ``_mu`` held, which :meth:`forget`
+        takes the record's id under: a record dropped meanwhile is not written again."""
+        rid = wf.journal_id
+        if rid is None or wf.path is None or wf.unlinked:
+            return False
+        self.journal.write(self._record_of(wf, rid), durable=False)
+        return True
 
     def _parked_bytes(self, wf: WFile) -> int:
         with self._mu:

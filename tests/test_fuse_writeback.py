@@ -37,6 +37,29 @@ def _timed_fsync_and_close(f) -> float:
     return time.monotonic() - t0
 
 
+def _save(path: str, data: bytes) -> None:
+    """Write ``path`` afresh with ``data``, fsync and close it (a checkpoint's save)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        _timed_fsync_and_close(f)
+
+
+def _resave_partly(path: str, partial: bytes):
+    """Open ``path`` again for writing (truncating it) and write ``partial``: the next save, under
+    way; the file, still open (for :func:`_kill_with_open`)."""
+    half = open(path, "wb")  # noqa: SIM115 - open until the mount is killed
+    half.write(partial)
+    half.flush()
+    return half
+
+
+def _kill_with_open(pid: int, f) -> None:
+    """kill -9 of the mount ``pid`` while ``f``, a file in it, is open."""
+    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):  # (its mount is gone)
+        f.close()
+
+
 # -- the journal on its own ----------------------------------------------------------------
 def _record(rid: str, path: str, branch: str = "main") -> Record:
     return Record(rid, "repo", branch, path, 0o644, 0, 0, 1, 1, {})
@@ -318,14 +341,10 @@ def test_saving_again_under_the_same_name_does_not_wait_for_the_last_saves_uploa
         first, second = os.urandom(24 * 1024 * 1024), os.urandom(1024 * 1024)
         with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, _mount_to_kill(link.url_for(), hub.token, repo, mp, opts) as pid:
             sent = link.stats().bytes_up
-            with open(f"{mp}/latest.pt", "wb") as f:
-                f.write(first)
-                _timed_fsync_and_close(f)
+            _save(f"{mp}/latest.pt", first)
             wait_for(lambda: link.stats().bytes_up - sent > 1024 * 1024, timeout=30, interval=0.05)  # its upload is under way
             t0 = time.monotonic()
-            with open(f"{mp}/latest.pt", "wb") as f:
-                f.write(second)
-                _timed_fsync_and_close(f)
+            _save(f"{mp}/latest.pt", second)
             assert time.monotonic() - t0 < 4.0, "the save waited for the last one's upload"
             assert open(f"{mp}/latest.pt", "rb").read() == second
             assert os.listdir(mp) == ["latest.pt"]
@@ -334,16 +353,9 @@ def test_saving_again_under_the_same_name_does_not_wait_for_the_last_saves_uploa
 
             # Saved, then opened again and half written when the mount is killed.
             sent = link.stats().bytes_up
-            with open(f"{mp}/ckpt.pt", "wb") as f:
-                f.write(first)
-                _timed_fsync_and_close(f)
+            _save(f"{mp}/ckpt.pt", first)
             wait_for(lambda: link.stats().bytes_up - sent > 1024 * 1024, timeout=30, interval=0.05)
-            half = open(f"{mp}/ckpt.pt", "wb")
-            half.write(second[:1000])
-            half.flush()
-            os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(OSError):  # (its mount is gone)
-                half.close()
+            _kill_with_open(pid, _resave_partly(f"{mp}/ckpt.pt", second[:1000]))
         with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
             assert open(f"{again}/ckpt.pt", "rb").read() == first
             wait_for(lambda: not _records(write_dir), timeout=60, interval=0.2)
@@ -403,16 +415,10 @@ def test_a_truncating_open_of_a_parked_file_waiting_for_its_staging_keeps_the_pa
             for i in range(WORKERS):  # the workers' uploads: about 7 s in all
                 with open(f"{mp}/busy{i}.bin", "wb") as f:
                     f.write(os.urandom(4 * 1024 * 1024))
-            with open(f"{mp}/model.pt", "wb") as f:
-                f.write(saved)
-                _timed_fsync_and_close(f)
-            half = open(f"{mp}/model.pt", "wb")
-            half.write(b"half of the next save")
-            half.flush()
+            _save(f"{mp}/model.pt", saved)
+            half = _resave_partly(f"{mp}/model.pt", b"half of the next save")
             assert open(f"{mp}/model.pt", "rb").read() == b"half of the next save"
-            os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(OSError):  # (its mount is gone)
-                half.close()
+            _kill_with_open(pid, half)
         with mounted(hub.url, hub.token, f"{repo}@main", mp, *opts[:-2]) as again:
             assert open(f"{again}/model.pt", "rb").read() == saved
             wait_for(lambda: not _records(write_dir), timeout=60, interval=0.2)
@@ -489,10 +495,7 @@ def test_a_save_renamed_over_the_last_one_does_not_wait_for_its_upload(tmp_path)
         versions = [os.urandom(8 * 1024 * 1024) for _ in range(3)]
 
         def save(data: bytes) -> float:
-            with open(f"{mp}/latest.pt.tmp", "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            _save(f"{mp}/latest.pt.tmp", data)
             t0 = time.monotonic()
             os.rename(f"{mp}/latest.pt.tmp", f"{mp}/latest.pt")
             return time.monotonic() - t0
