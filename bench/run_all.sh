@@ -4,8 +4,8 @@
 #   bash bench/run_all.sh                 # full size: 1.25 GiB v1/v2, 100,000-file tree, 3 rounds + 1 warm-up
 #   bash bench/run_all.sh --quick         # 1/10 data set, 5,000-file tree, 1 round, no warm-up (smoke test)
 #   bash bench/run_all.sh --runs 5        # more counted rounds
-#   bash bench/run_all.sh --only ingest   # or: --only commit|remote|spoke|checkpoint|s3|fuse
-#                                         # (s3 and fuse, the longest, run only when named)
+#   bash bench/run_all.sh --only ingest   # or: --only commit|remote|spoke|checkpoint|s3|fuse|fsspec
+#                                         # (s3, fuse and fsspec, the longest, run only when named)
 #   bash bench/run_all.sh --rev HEAD      # measure a committed revision: `git archive` of it into
 #                                         # bench/work/src/<rev>/, immune to edits of the working tree
 #   bash bench/run_all.sh --priority      # on a shared machine: run in a new session whose scheduler
@@ -40,8 +40,8 @@ while [ $# -gt 0 ]; do
     --only)
       only="$2"; shift
       case "$only" in
-        ingest|commit|remote|spoke|checkpoint|s3|fuse) ;;
-        *) echo "run_all.sh: --only takes ingest, commit, remote, spoke, checkpoint, s3 or fuse (not '$only')" >&2; exit 2 ;;
+        ingest|commit|remote|spoke|checkpoint|s3|fuse|fsspec) ;;
+        *) echo "run_all.sh: --only takes ingest, commit, remote, spoke, checkpoint, s3, fuse or fsspec (not '$only')" >&2; exit 2 ;;
       esac ;;
     --rev) rev="$2"; shift ;;
     --priority) priority=1 ;;
@@ -166,6 +166,14 @@ if [ "$only" = fuse ]; then
   "$PYTHON" "$here/bench_fuse.py" --work "$work" --runs "$runs" --seed "$SEED" --python "$PYTHON" "${fargs[@]}" \
     --json-out "$out/fuse.json" --md-out "$out/fuse.md" >/dev/null
   { echo "## Reads through a mount (fabric vs rclone mount vs local directory)"; echo; cat "$out/fuse.md"; echo; } | tee -a "$out/report.md"
+fi
+
+# --only fsspec: fabric:// vs s3fs reading large files from a warm spoke, and the local disk (bench_fsspec.py)
+if [ "$only" = fsspec ]; then
+  if [ "$quick" = 1 ]; then fsargs=(--files 2 --mib 16); else fsargs=(); fi
+  "$PYTHON" "$here/bench_fsspec.py" --rounds "$runs" --seed "$SEED" --python "$PYTHON" "${fsargs[@]}" \
+    --json-out "$out/fsspec.json" --md-out "$out/fsspec.md" >/dev/null
+  { echo "## Large files through fsspec from a warm spoke (fabric:// vs s3fs vs local disk)"; echo; cat "$out/fsspec.md"; echo; } | tee -a "$out/report.md"
 fi
 
 echo "figures: $out/" >&2

@@ -29,7 +29,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from fabric.cache.disk import DiskCache
 from fabric.cache.lru import BytesLRU
@@ -95,6 +95,7 @@ class FetchScheduler:
         self._listeners: list[DemandListener] = []
         self.jobs = JobTable(on_drop=lambda job: self.prefetch_stats.forget_job(job))
         self.prefetch_stats = PrefetchStats(self.jobs, cache.__contains__)
+        self._advice = ThreadPoolExecutor(1, thread_name_prefix="cache-advice")
         self._threads = [threading.Thread(target=self._work, name=f"fetch-{i}", daemon=True) for i in range(workers)]
         for t in self._threads:
             t.start()
@@ -103,6 +104,7 @@ class FetchScheduler:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+        self._advice.shutdown(wait=False, cancel_futures=True)
 
     # -- public --------------------------------------------------------------
     def on_demand(self, listener: DemandListener) -> None:
@@ -181,7 +183,10 @@ class FetchScheduler:
 
         Works through ``ids`` :data:`SERVE_WINDOW` at a time, fetching the next window while
         this one is sent; frames are read back from the disk cache one at a time, so what a
-        request holds is bounded by the window, not by the number of ids asked. A failed
+        request holds is bounded by the window, not by the number of ids asked. The kernel is
+        told at once that the request's cache files will be read (:meth:`DiskCache.will_need`,
+        from a thread of its own), so files not in the page cache come off the disk many at a
+        time rather than one per read. A failed
         fetch in the first window (an unknown id: NotFound) is raised by the first ``next``,
         before any record; one in a later window ends the stream early.
 
@@ -191,6 +196,8 @@ class FetchScheduler:
         if windows:
             self._demanding(job, windows[0])
         ahead = self._fetch_missing(windows[0]) if windows else {}
+        if len(ids) > 1:
+            self._advice.submit(self.cache.will_need, ids)
         for k, window in enumerate(windows):
             fetched = ahead
             if k + 1 < len(windows):

@@ -70,6 +70,17 @@ def test_budget_never_exceeded_on_disk_or_in_accounting(tmp_path) -> None:
     )
 
 
+def test_advice_ahead_of_reads_changes_nothing_but_the_page_cache(tmp_path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 1024 * KiB)
+    for i in range(8):
+        cache.put(key(i), blob(i, 10 * KiB))
+    os.unlink(cache.file(key(3)))  # gone behind the cache's back
+    counts = (cache.hits, cache.misses, cache.corruptions)
+    cache.will_need([key(i) for i in range(10)])  # cached, gone, and never cached
+    assert (cache.hits, cache.misses, cache.corruptions) == counts
+    assert [cache.get(key(i)) == blob(i, 10 * KiB) for i in range(8)] == [i != 3 for i in range(8)]
+
+
 def test_blob_larger_than_the_window_is_not_kept(tmp_path) -> None:
     cache = DiskCache(str(tmp_path / "c"), 100 * KiB)  # window: 10 KiB
     assert cache.put(key("big"), bytes(20 * KiB)) is False

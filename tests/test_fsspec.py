@@ -15,6 +15,7 @@ import fsspec
 import pytest
 from fsspec.tests import abstract
 
+from fabric.format.chunking import MAX_CHUNK
 from fabric.fsspec import FabricFileSystem
 from fabric.fsspec.files import DEFAULT_BLOCK_SIZE
 from tests.ci_requirements import missing
@@ -185,6 +186,30 @@ def test_random_access_reads_whole_chunks_with_readahead(hub: Hub, admin_fs, sou
     requests = frames_requests(hub.metrics()) - before
     assert requests <= len(data) // block + 2, requests  # ~100 reads of 64 KiB
     assert DEFAULT_BLOCK_SIZE >= block
+
+
+def test_a_sequential_reader_makes_fewer_larger_requests_and_a_seek_fetches_only_its_range(hub: Hub, admin_fs, source):
+    repo, files = source
+    data = files["bin/random.bin"]
+    block = 256 * 1024
+    before = frames_requests(hub.metrics())
+    with admin_fs.open(f"{repo}@main/bin/random.bin", "rb", block_size=block) as f:
+        got = b"".join(iter(lambda: f.read(block), b""))
+    assert got == data
+    # fsspec asks for 24 ranges of 512 KiB (12 without its own cache's hits); each request
+    # that misses also takes the chunks after its range, twice as many each time.
+    requests = frames_requests(hub.metrics()) - before
+    assert requests <= 5, requests
+    # Reads after seeks fetch only the chunks they cover.
+    with admin_fs.open(f"{repo}@main/bin/random.bin", "rb", cache_type="none") as f:
+        for offset in (3 << 20, 1 << 20, 5 << 20):
+            f.seek(offset)
+            assert f.read(1000) == data[offset : offset + 1000]
+        held = f._chunks.size
+        assert held <= 3 * MAX_CHUNK
+        # Reading on, a read that misses takes as many bytes again after its range.
+        assert f.read(300_000) == data[(5 << 20) + 1000 : (5 << 20) + 301_000]
+        assert f._chunks.size - held >= 600_000 - 2 * MAX_CHUNK
 
 
 def test_cat_ranges_is_one_request_per_batch(hub: Hub, admin_fs, source):

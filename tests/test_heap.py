@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import ROOT
 
 #: Frees 64 buffers of 1 MiB, each hemmed in on the heap by a smaller one kept alive,
@@ -45,3 +47,55 @@ def freed_mib(mode: str) -> int:
 def test_big_buffers_go_back_to_the_system_when_freed() -> None:
     assert freed_mib("default") < 16  # glibc kept them in its heap
     assert freed_mib("mapped") >= 60
+
+
+#: Makes and frees 200 buffers of 4 MiB, writing each whole, as a reader does with each
+#: block it assembles; prints the page faults that took (and whether the setting took).
+REUSED = textwrap.dedent(
+    """
+    import resource, sys
+    from fabric.util.heap import reuse_freed_buffers
+
+    tuned = reuse_freed_buffers() if sys.argv[1] == "reused" else False
+    if sys.argv[1] == "fabric://":
+        import fsspec
+        fsspec.filesystem("fabric", server="http://127.0.0.1:9", token="t")  # connects to nothing yet
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(200):
+        block = bytearray(4 << 20)
+        block[:] = bytes(4 << 20)
+        del block
+    print(tuned, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    """
+)
+
+
+def faults(mode: str, **env: str) -> tuple[bool, int]:
+    full = dict(os.environ, PYTHONPATH=ROOT, PYTHONSAFEPATH="1", **env)
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES", "FABRIC_MALLOC"):
+        if name not in env:
+            full.pop(name, None)
+    out = subprocess.run([sys.executable, "-c", REUSED, mode], capture_output=True, text=True, env=full, timeout=60, check=True)
+    tuned, count = out.stdout.split()
+    return tuned == "True", int(count)
+
+
+def test_a_streaming_process_reuses_freed_buffers_instead_of_faulting_in_fresh_pages() -> None:
+    tuned, reused = faults("reused")
+    assert tuned
+    _, default = faults("default")
+    # 200 x 4 MiB is 204,800 pages: glibc maps (and faults in) many of them anew by default.
+    assert default > 50_000
+    assert reused < 10_000
+
+
+def test_a_fabric_file_system_has_its_process_reuse_freed_buffers() -> None:
+    assert faults("fabric://")[1] < 10_000
+    assert faults("fabric://", FABRIC_MALLOC="glibc")[1] > 50_000
+
+
+@pytest.mark.parametrize("env", [{"MALLOC_TRIM_THRESHOLD_": "131072"}, {"FABRIC_MALLOC": "glibc"}])
+def test_malloc_settings_of_the_environment_win(env: dict[str, str]) -> None:
+    tuned, count = faults("reused", **env)
+    assert not tuned
+    assert count > 50_000

@@ -25,7 +25,6 @@ import itertools
 import json
 import os
 import ssl
-import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
@@ -35,6 +34,7 @@ import msgpack
 
 from fabric import errors
 from fabric.auth.principal import Principal
+from fabric.client.records import parse_records
 from fabric.client.servers import ServerSet, Unreachable
 from fabric.format.listing import Change, Listing
 from fabric.format.model import Commit, Entry
@@ -774,37 +774,9 @@ def _json_lines(response: httpx.Response) -> Iterator[dict]:
 
 
 def _records(response: httpx.Response) -> Iterator[tuple[bytes, bytes]]:
-    """Parse ``id(32) length(u32) frame`` records from a streamed response.
-
-    Pieces are joined only when a record spans them, and each frame is sliced
-    out of bytes once (no growing buffer that is copied and shifted per piece).
-    """
-    pending: list[bytes] = []
-    have = 0
-    need = 36  # bytes the next record needs, counted from the start of ``pending``
+    """The ``(id, frame)`` records of a streamed ``frames`` response (:func:`~fabric.client.records.parse_records`)."""
     try:
-        for piece in response.iter_bytes():
-            pending.append(piece)
-            have += len(piece)
-            if have < need:
-                continue
-            data = pending[0] if len(pending) == 1 else b"".join(pending)
-            pos, end = 0, len(data)
-            while True:
-                if end - pos < 36:
-                    need = 36
-                    break
-                (n,) = struct.unpack_from("<I", data, pos + 32)
-                if end - pos < 36 + n:
-                    need = 36 + n
-                    break
-                yield data[pos : pos + 32], data[pos + 36 : pos + 36 + n]
-                pos += 36 + n
-            rest = data[pos:] if pos else data
-            pending = [rest] if rest else []
-            have = len(rest)
-        if have:
-            raise errors.Unavailable("frame stream ended in the middle of a record")
+        yield from parse_records(response.iter_bytes())
     except httpx.TransportError as exc:
         raise errors.Unavailable(f"the frame stream broke off: {exc}") from exc
     finally:

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 #: Decoded chunks an open file keeps, so reads that share a chunk fetch it once.
 CHUNK_CACHE_BYTES = 8 * 1024 * 1024
+#: While a file is read sequentially, each request also takes up to this many bytes of the
+#: chunks after the range asked for (kept with the file's decoded chunks): fewer requests.
+MAX_READ_AHEAD = 16 * 1024 * 1024
 #: Where the blocks of files being written are chunked, hashed, compressed and sent (each
 #: file feeds one block at a time, in order, while the application fills the next).
 _CHUNKERS = ThreadPoolExecutor(4, thread_name_prefix="fabric-fsspec-write")
@@ -33,14 +36,21 @@ class FabricReadFile(AbstractBufferedFile):
 
     Each read fetches the whole chunks that cover the range fsspec's cache asks for (the
     range read plus ``block_size`` of readahead by default) in one ``frames`` request, and
-    keeps the last few decoded chunks."""
+    keeps the last few decoded chunks. While the ranges asked for follow each other, a
+    request also takes the chunks after its range (as many bytes as the range, doubling from
+    one range to the next up to :data:`MAX_READ_AHEAD`), so the next range is mostly at hand
+    and a sequential reader makes half the requests or fewer, each larger. A range
+    elsewhere (a seek) fetches only what it covers. Memory: the decoded chunks kept, at most
+    ``CHUNK_CACHE_BYTES + 2 * MAX_READ_AHEAD``."""
 
     DEFAULT_BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 
     def __init__(self, fs: FabricFileSystem, path: str, loc: Location, entry: Entry, info: dict[str, Any], **kwargs: Any) -> None:
         self._loc = loc
         self._map = chunks.ChunkMap(entry)
-        self._chunks = BytesLRU(CHUNK_CACHE_BYTES)
+        self._chunks = BytesLRU(CHUNK_CACHE_BYTES + 2 * MAX_READ_AHEAD)
+        self._follows = -1  # where the last range fetched ended: a range starting there reads on
+        self._ahead = 0  # bytes fetched beyond the range asked for, while ranges follow each other
         super().__init__(fs, path, mode="rb", size=entry.size, **kwargs)
         self.details = info
 
@@ -48,8 +58,13 @@ class FabricReadFile(AbstractBufferedFile):
         end = min(end, self.size)
         if start >= end:
             return b""
+        self._ahead = min(max(2 * self._ahead, end - start), MAX_READ_AHEAD) if start == self._follows else 0
+        self._follows = end
+        ids = self._map.ids_for(start, end)
+        if self._ahead and not all(cid in self._chunks for cid in ids):
+            ids += self._map.ids_for(end, min(self.size, end + self._ahead))
         with fs_errors(self.path):
-            got = chunks.fetch(self.fs.plane, self._loc.repo, self._map.ids_for(start, end), self._chunks)
+            got = chunks.fetch(self.fs.plane, self._loc.repo, ids, self._chunks)
         return self._map.assemble(start, end, got)
 
 

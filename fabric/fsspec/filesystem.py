@@ -45,6 +45,7 @@ from fabric.fsspec.entries import CommitEntries
 from fabric.fsspec.errors import fs_errors, is_a_directory, not_a_directory, not_found
 from fabric.fsspec.files import FabricReadFile, FabricWriteFile
 from fabric.fsspec.locations import Location, parse
+from fabric.util.heap import reuse_freed_buffers
 
 #: Paths whose entries one ``cat``/``cat_ranges`` call looks up at once.
 STAT_THREADS = 16
@@ -60,7 +61,12 @@ class FabricFileSystem(AbstractFileSystem):
     branch after every write; ``timeout``: seconds a request may wait; ``job``: the job
     its reads are accounted to at a spoke (``X-Fabric-Job``, default ``$FABRIC_JOB``);
     ``entries``: where entries read at a commit id are kept (default: a store of its own),
-    so file systems of one process's forks can share what one of them listed."""
+    so file systems of one process's forks can share what one of them listed.
+
+    Creating one has the process keep the buffers it frees for reuse
+    (:func:`fabric.util.heap.reuse_freed_buffers`: reads of large files take a third less
+    CPU). ``FABRIC_MALLOC=glibc``, or any of glibc's ``MALLOC_*_`` variables, keeps glibc's
+    own settings."""
 
     protocol = "fabric"
     root_marker = ""
@@ -76,6 +82,7 @@ class FabricFileSystem(AbstractFileSystem):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        reuse_freed_buffers()
         server = server or os.environ.get("FABRIC_SERVER")
         if not server:
             raise ValueError("fabric://: no server: pass server=URL (storage_options) or set FABRIC_SERVER")
