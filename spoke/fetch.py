@@ -178,15 +178,19 @@ class FetchScheduler:
                         self._tags[cid] = (job, kind)
                 self._request(cid, priority)
 
+    def will_read(self, ids: Sequence[bytes]) -> None:
+        """Tell the kernel, from a thread of its own, that the cache files of ``ids`` will be
+        read soon (:meth:`DiskCache.will_need`): those not in the page cache then come off the
+        disk many at a time rather than one per read."""
+        self._advice.submit(self.cache.will_need, ids)
+
     def frames_for(self, ids: Sequence[bytes], job: str | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(id, frame)`` for each id from the cache, fetched on a miss (to serve other clients).
 
         Works through ``ids`` :data:`SERVE_WINDOW` at a time, fetching the next window while
         this one is sent; frames are read back from the disk cache one at a time, so what a
         request holds is bounded by the window, not by the number of ids asked. The kernel is
-        told at once that the request's cache files will be read (:meth:`DiskCache.will_need`,
-        from a thread of its own), so files not in the page cache come off the disk many at a
-        time rather than one per read. A failed
+        told at once that the request's cache files will be read (:meth:`will_read`). A failed
         fetch in the first window (an unknown id: NotFound) is raised by the first ``next``,
         before any record; one in a later window ends the stream early.
 
@@ -197,7 +201,7 @@ class FetchScheduler:
             self._demanding(job, windows[0])
         ahead = self._fetch_missing(windows[0]) if windows else {}
         if len(ids) > 1:
-            self._advice.submit(self.cache.will_need, ids)
+            self.will_read(ids)
         for k, window in enumerate(windows):
             fetched = ahead
             if k + 1 < len(windows):

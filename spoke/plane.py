@@ -486,7 +486,11 @@ class SpokePlane(DataPlane):
             raise BadRequest(f"{path!r} in {repo}@{ref} is a {entry.kind}, not a file")
         job = current_job()
         self.learned.opened(repo, ref, path, entry.size)
-        return self.reader.read_entry(entry, offset, length, readahead=lambda ids: self.fetcher.prefetch(ids, READAHEAD, job=job))
+        def readahead(ids: list[bytes]) -> None:
+            self.fetcher.prefetch(ids, READAHEAD, job=job)  # what this spoke lacks, from the hub
+            self.fetcher.will_read(ids)  # what it holds, from its disk
+
+        return self.reader.read_entry(entry, offset, length, readahead=readahead)
 
     # -- writing -------------------------------------------------------------
     def _durability(self, asked: str | None) -> str:

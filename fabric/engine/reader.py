@@ -186,8 +186,9 @@ class Reader:
     ) -> Iterator[bytes]:
         """Stream the bytes of a file entry (whole, or ``length`` bytes from ``offset``).
 
-        ``readahead`` is told the chunk ids of the next batch before the current one is read.
-        Holes (:data:`~fabric.format.model.HOLE_ID`) are never read: they stream as zeros.
+        ``readahead`` is told the chunk ids of each batch after the first once, before the
+        :data:`READAHEAD_BATCHES` batches before it are read. Holes
+        (:data:`~fabric.format.model.HOLE_ID`) are never read: they stream as zeros.
         """
         if entry.kind != FILE:
             raise BadRequest("not a regular file")
@@ -205,8 +206,10 @@ class Reader:
                 break
         for i in range(0, len(wanted), READ_BATCH):
             batch = wanted[i : i + READ_BATCH]
-            if readahead is not None and i + READ_BATCH < len(wanted):
-                ahead = [w[0] for w in wanted[i + READ_BATCH : i + (1 + READAHEAD_BATCHES) * READ_BATCH] if w[0] != HOLE_ID]
+            if readahead is not None:
+                # The first time, the batches after this one; then the one that comes into reach.
+                told = i + (1 if i == 0 else READAHEAD_BATCHES) * READ_BATCH
+                ahead = [w[0] for w in wanted[told : i + (1 + READAHEAD_BATCHES) * READ_BATCH] if w[0] != HOLE_ID]
                 if ahead:
                     readahead(ahead)
             ids = [cid for cid, _, _ in batch if cid != HOLE_ID]
