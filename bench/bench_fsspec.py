@@ -29,6 +29,7 @@ the ratios to ``local`` and ``s3fs`` taken round by round.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -70,12 +71,6 @@ for path in cfg["paths"]:
                 digest.update(piece)
 print(json.dumps({"bytes": n, "s": time.perf_counter() - t, "sha256": digest.hexdigest() if digest else None}))
 """
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_files(root: str, files: int, mib: int, seed: int) -> list[str]:
@@ -147,6 +142,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from bench_checkpoint import Hub
+    from bench_remote import proc_cpu, wan
     from bench_s3 import start_hub, start_spoke
 
     asked = args.readers.split(",")
@@ -156,19 +152,21 @@ def main() -> None:
     if "s3fs" in asked and "s3fs" not in readers:
         print(f"bench_fsspec.py: no s3fs venv at {args.s3tools} (make test builds it): s3fs left out", file=sys.stderr)
     work = args.work or tempfile.mkdtemp(prefix="bench-fsspec-")
-    hub_proc = spoke_proc = None
-    links: list = []
-    try:
+    with contextlib.ExitStack() as stack:
+        if not args.work:
+            stack.callback(remove, work)
         local = make_files(os.path.join(work, "data"), args.files, args.mib, args.seed)
         expected = sha256_of(local)
         hub_proc, hub_url, _, token = start_hub(work, args.python)
+        stack.callback(stop_process, hub_proc)
         hub = Hub(hub_url, token)
         hub.create_repo("data")
         subprocess.run([*fabric_cmd(args.python), "--server", hub_url, "--token", token, "-q", "import", os.path.join(work, "data"),
                         "data@main", "-m", "bench fsspec"], check=True, env=fabric_env(), capture_output=True)
         spoke_proc, spoke_url, spoke_s3 = start_spoke(work, args.python, hub_url, token)
-        if args.rtt_ms:
-            links = [wan_link(url, args) for url in (spoke_url, spoke_s3)]
+        stack.callback(stop_process, spoke_proc)
+        if args.rtt_ms:  # (a link, in this process, in front of each of the spoke's ports)
+            links = [stack.enter_context(wan(int(url.rsplit(":", 1)[1]), args.rtt_ms, args.rate_mbit)) for url in (spoke_url, spoke_s3)]
             spoke_url, spoke_s3 = (f"http://127.0.0.1:{link.port}" for link in links)
         run = Readers(args, local, spoke_url, spoke_s3, hub.s3_keys(), token)
         for kind in readers:  # warms the spoke (its first read) and checks every reader's bytes
@@ -181,9 +179,9 @@ def main() -> None:
             row = {}
             for kind in order:
                 dropped = not args.keep_page_cache and drop_page_cache()
-                spoke_before = cpu_seconds(spoke_proc.pid)
+                spoke_before = proc_cpu(spoke_proc.pid)
                 got = run.run(kind)
-                got["spoke_cpu_s"] = cpu_seconds(spoke_proc.pid) - spoke_before if kind not in ("local",) else 0.0
+                got["spoke_cpu_s"] = proc_cpu(spoke_proc.pid) - spoke_before if kind != "local" else 0.0
                 got["mbps"] = got["bytes"] / got["s"] / 1e6
                 got["dropped"] = dropped
                 row[kind] = got
@@ -192,22 +190,6 @@ def main() -> None:
         text = report(args, readers, rounds)
         print(text)
         save_report(text, {"machine": machine(), "args": vars(args), "rounds": rounds}, args.json_out, args.md_out)
-    finally:
-        for link in links:
-            link.stop()
-        stop_process(spoke_proc)
-        stop_process(hub_proc)
-        if not args.work:
-            remove(work)
-
-
-def wan_link(url: str, args: argparse.Namespace):
-    """A WAN link in front of ``url`` (``http://HOST:PORT``), started."""
-    sys.path.insert(0, REPO_ROOT)
-    from testbed.wanproxy import WanProxy
-
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    return WanProxy(host, int(port), delay_ms_up=args.rtt_ms / 2, delay_ms_down=args.rtt_ms / 2, rate_mbit=args.rate_mbit).start()
 
 
 def report(args: argparse.Namespace, readers: list[str], rounds: list[dict]) -> str:

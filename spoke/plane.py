@@ -486,6 +486,7 @@ class SpokePlane(DataPlane):
             raise BadRequest(f"{path!r} in {repo}@{ref} is a {entry.kind}, not a file")
         job = current_job()
         self.learned.opened(repo, ref, path, entry.size)
+
         def readahead(ids: list[bytes]) -> None:
             self.fetcher.prefetch(ids, READAHEAD, job=job)  # what this spoke lacks, from the hub
             self.fetcher.will_read(ids)  # what it holds, from its disk

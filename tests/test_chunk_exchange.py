@@ -7,7 +7,6 @@ import hashlib
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ import httpx
 import msgpack
 import pytest
 
+from fabric.client.records import parse_records
 from fabric.format import chunking, frames, packs
 from fabric.format.model import Entry
 from tests.hubserver import Hub, hub_env, unique_name
@@ -44,17 +44,6 @@ def missing(c: httpx.Client, ids: list[bytes]) -> list[bytes]:
     r = c.post(f"{API}/chunks/missing", json={"ids": [i.hex() for i in ids]})
     assert r.status_code == 200, r.text
     return [bytes.fromhex(x) for x in r.json()["missing"]]
-
-
-def parse_records(data: bytes) -> list[tuple[bytes, bytes]]:
-    out, pos = [], 0
-    while pos < len(data):
-        cid = data[pos : pos + 32]
-        (n,) = struct.unpack_from("<I", data, pos + 32)
-        out.append((cid, data[pos + 36 : pos + 36 + n]))
-        pos += 36 + n
-    assert pos == len(data), "the frame stream ends in the middle of a record"
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +192,7 @@ def test_frames_stream_back_and_decode(c: httpx.Client):
         assert r.status_code == 200
         assert r.headers["content-type"] == "application/octet-stream"
         body = r.read()
-    records = parse_records(body)
+    records = list(parse_records([body]))  # (a stream that ends inside a record raises)
     got = {cid: frame for cid, frame in records}
     assert set(got) == set(want)
     for cid, frame in records:

@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from fabric.util.heap import CHOICE, USER_SETTINGS
 from tests.conftest import ROOT
 
 #: Frees 64 buffers of 1 MiB, each hemmed in on the heap by a smaller one kept alive,
@@ -38,10 +39,16 @@ FREED = textwrap.dedent(
 )
 
 
+def run_script(script: str, mode: str, **env: str) -> str:
+    """What ``script`` prints, run with ``mode`` as its argument in a process of its own, whose
+    malloc settings come from ``env`` alone (not from this process's environment)."""
+    full = {k: v for k, v in os.environ.items() if k not in (*USER_SETTINGS, CHOICE)}
+    full.update(PYTHONPATH=ROOT, PYTHONSAFEPATH="1", **env)
+    return subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, env=full, timeout=60, check=True).stdout
+
+
 def freed_mib(mode: str) -> int:
-    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONSAFEPATH="1")
-    out = subprocess.run([sys.executable, "-c", FREED, mode], capture_output=True, text=True, env=env, timeout=60, check=True)
-    return int(out.stdout)
+    return int(run_script(FREED, mode))
 
 
 def test_big_buffers_go_back_to_the_system_when_freed() -> None:
@@ -71,12 +78,7 @@ REUSED = textwrap.dedent(
 
 
 def faults(mode: str, **env: str) -> tuple[bool, int]:
-    full = dict(os.environ, PYTHONPATH=ROOT, PYTHONSAFEPATH="1", **env)
-    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES", "FABRIC_MALLOC"):
-        if name not in env:
-            full.pop(name, None)
-    out = subprocess.run([sys.executable, "-c", REUSED, mode], capture_output=True, text=True, env=full, timeout=60, check=True)
-    tuned, count = out.stdout.split()
+    tuned, count = run_script(REUSED, mode, **env).split()
     return tuned == "True", int(count)
 
 

@@ -47,7 +47,7 @@ def map_big_buffers(threshold: int = BIG_BUFFER) -> bool:
 
 def reuse_freed_buffers(limit: int = REUSED_BUFFERS) -> bool:
     """Serve buffers below ``limit`` bytes from the heap and keep up to ``limit`` bytes of freed
-    space at its top, for the rest of the process: for servers and readers that stream data.
+    space at its top, for the rest of the process: for readers that stream data.
     Leaves the allocator as it is (False) where the C library is not glibc, where the
     environment sets malloc's parameters (:data:`USER_SETTINGS`), or with ``FABRIC_MALLOC=glibc``."""
     if os.environ.get(CHOICE) == "glibc" or any(name in os.environ for name in USER_SETTINGS):
