@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 from fabric.cache.disk import DiskCache
 from fabric.cache.lru import BytesLRU
@@ -57,6 +58,14 @@ GroupFrames = Callable[[list[bytes]], Iterator[tuple[bytes, bytes, bytes | None]
 MEMORY_CACHE = 64 << 20
 #: Told ``(job, ids)`` before a demand read of ``ids`` for ``job``.
 DemandListener = Callable[[str, Sequence[bytes]], None]
+
+
+class Fetched(NamedTuple):
+    """What a fetch hands its waiters: the chunk's verified bytes, and the frame they came in
+    (what a ``frames`` request sends on, without reading it back from the disk cache)."""
+
+    raw: bytes
+    frame: bytes
 
 
 class FetchScheduler:
@@ -131,7 +140,7 @@ class FetchScheduler:
             waits.append((cid, self._request(cid, priority)))
         started = time.monotonic()
         for cid, fut in waits:
-            out[cid] = fut.result()
+            out[cid] = fut.result().raw
             self.memory.put(cid, out[cid])
             self.miss_bytes += len(out[cid])
             self.prefetch_stats.demanded(cid, len(out[cid]), job, False)
@@ -209,24 +218,26 @@ class FetchScheduler:
             ahead = self._fetch_missing(windows[k + 1]) if k + 1 < len(windows) else {}
             started = time.monotonic()
             for fut in fetched.values():
-                fut.result()  # raises the fetch's error (the bytes stay in the future until the window is sent)
+                fut.result()  # raises the fetch's error (the frame stays in the future until the window is sent)
             wait = time.monotonic() - started if fetched else 0.0
             missed = set(fetched)
             total = hit = 0
             for cid in window:
-                corruptions = self.cache.corruptions
-                frame = self.cache.get(cid)
-                if frame is None and cid not in fetched:  # a hit evicted (or found corrupt, and dropped) since
-                    if self.cache.corruptions != corruptions:
-                        self.refetched += 1
-                    again = time.monotonic()
-                    fetched[cid] = self._request(cid, DEMAND_PRIORITY)
-                    fetched[cid].result()
-                    wait += time.monotonic() - again
-                    missed.add(cid)
+                if cid in fetched:  # fetched for this window: its frame is at hand, not read back from the disk
+                    frame = fetched[cid].result().frame
+                    self.cache.touch(cid)
+                else:
+                    corruptions = self.cache.corruptions
                     frame = self.cache.get(cid)
-                if frame is None:  # evicted between its fetch and now (a cache small for the readers): frame it again
-                    frame = frames.encode(fetched[cid].result())
+                    if frame is None:  # a hit evicted (or found corrupt, and dropped) since
+                        if self.cache.corruptions != corruptions:
+                            self.refetched += 1
+                        again = time.monotonic()
+                        fetched[cid] = self._request(cid, DEMAND_PRIORITY)
+                        frame = fetched[cid].result().frame
+                        self.cache.touch(cid)
+                        wait += time.monotonic() - again
+                        missed.add(cid)
                 size = frames.raw_length(frame)
                 total += size
                 if cid in missed:
@@ -347,7 +358,7 @@ class FetchScheduler:
                     got.add(cid)
                     if prefetched.get(cid, False):
                         self.prefetch_stats.fetched(cid, len(raw), *self._tags.get(cid, (None, "readahead")), held=held)
-                    self._resolve(cid, raw)
+                    self._resolve(cid, Fetched(raw, frame))
             missing = [cid for cid in ids if cid not in got]
             if missing:
                 raise NotFound(f"the hub did not return chunk {missing[0].hex()}")
@@ -366,13 +377,13 @@ class FetchScheduler:
             return self._group_frames(ids)
         return ((cid, frame, None) for cid, frame in (fetch or self._fetch)(ids))
 
-    def _resolve(self, cid: bytes, raw: bytes) -> None:
+    def _resolve(self, cid: bytes, fetched: Fetched) -> None:
         with self._cond:
             fut = self._pending.pop(cid, None)
             self._priority.pop(cid, None)
             self._tags.pop(cid, None)
         if fut is not None and not fut.done():
-            fut.set_result(raw)
+            fut.set_result(fetched)
 
     def _fail(self, cid: bytes, exc: BaseException) -> None:
         with self._cond:

@@ -81,6 +81,22 @@ def test_advice_ahead_of_reads_changes_nothing_but_the_page_cache(tmp_path) -> N
     assert [cache.get(key(i)) == blob(i, 10 * KiB) for i in range(8)] == [i != 3 for i in range(8)]
 
 
+def test_advice_opens_only_the_files_of_cached_keys(tmp_path, monkeypatch) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 1024 * KiB)
+    for i in range(4):
+        cache.put(key(i), blob(i, 10 * KiB))
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    cache.will_need([key(i) for i in range(100)])  # 4 cached, 96 never cached (a cold request)
+    assert sorted(opened) == sorted(cache.file(key(i)) for i in range(4))
+
+
 def test_blob_larger_than_the_window_is_not_kept(tmp_path) -> None:
     cache = DiskCache(str(tmp_path / "c"), 100 * KiB)  # window: 10 KiB
     assert cache.put(key("big"), bytes(20 * KiB)) is False

@@ -330,3 +330,31 @@ def test_frames_for_serves_other_spokes_from_the_cache(
         assert len(rec.calls) == n
     finally:
         f.stop()
+
+
+def test_frames_fetched_for_a_request_are_sent_without_reading_them_back_from_the_disk(
+    tmp_path, dataset, upstream, traffic
+) -> None:
+    raw, order = dataset
+    rec = Recorder(upstream)
+    reads_back: list[bytes] = []
+
+    def verify(cid: bytes, frame: bytes) -> bool:  # the cache's check of every copy it reads from its disk
+        reads_back.append(cid)
+        return frames.verify_checksum(frame)
+
+    f = FetchScheduler(rec, DiskCache(str(tmp_path / "chunks"), 256 * MiB, verify), traffic, 4)
+    try:
+        ids = order[:40]
+        got = list(f.frames_for(ids))
+        assert [c for c, _ in got] == ids
+        assert [frames.decode(frame, c) for c, frame in got] == [raw[c] for c in ids]
+        assert reads_back == [], "a frame just fetched was read back from the disk cache"
+        assert all(c in f.cache for c in ids), "what was fetched is cached for the next reader"
+        assert f.cache.hits == len(ids), "each frame sent counts as a read of the cache, as before"
+        assert f.miss_bytes == sum(len(raw[c]) for c in ids) and f.hit_bytes == 0
+        again = list(f.frames_for(ids))
+        assert again == got and len(rec.ids()) == len(ids)
+        assert sorted(reads_back) == sorted(ids), "a later request reads the cache's copies"
+    finally:
+        f.stop()
