@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from fabric.cli.context import handle_errors
+from fabric.cli.context import Ctx, handle_errors, human_size
 from fabric.engine.refs import split_repo_ref
 from fabric.errors import BadRequest
 from fabric.plane.jobs import JOB_ENV
@@ -105,7 +105,7 @@ statistics, is at --log-file.
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process until unmounted (logs to stderr unless --log-file).")
 @click.option("--allow-other", is_flag=True, help="Let other users use the mount (permission bits still apply; non-root users need user_allow_other in /etc/fuse.conf).")
 @click.option("--durability", type=click.Choice(["local", "replicated", "hub"]), default="local", show_default=True, help="When fsync and close return: local = stored on the server mounted (the spoke's disk); replicated = on the spoke's disk and on one other spoke's of its group (losing one spoke machine loses nothing); hub = stored at the hub.")
-@click.option("--writeback", is_flag=True, help="With --rw: fsync and close return once the file is on this machine's disk (--write-dir, required), and the mount chunks and stages it on the branch in the background after its close, or once a file kept open has not been written for 5 s (at --durability). A mount killed before that takes it over when started again with the same --write-dir (it serves at once and stages it in the background); losing that disk loses it.")
+@click.option("--writeback", is_flag=True, help="With --rw: fsync and close return once the file is on this machine's disk (--write-dir, required), and the mount chunks and stages it on the branch in the background after its close, or once a file kept open has not been written for 5 s (at --durability). A mount killed before that takes it over when started again with the same --write-dir (it serves at once and stages it in the background), or `fabric mount-flush SERVER_URL WRITE_DIR` stages it without mounting; losing that disk loses it.")
 @click.option("--writeback-backlog", type=Size(), default="4G", show_default=True, help="With --writeback: at most this many bytes wait for staging; a fsync or close beyond it stages its file before returning (back-pressure).")
 @click.option("--no-stream-writes", is_flag=True, help="Chunk and send a file only when it is fsynced or closed (default: a file written in order from empty is chunked and sent while it is written, so fsync costs only its tail).")
 @click.option("--commit-interval", type=float, default=0, metavar="SECONDS", show_default=True, help="With --rw, commit staged changes every SECONDS (0: never; use `fabric commit`).")
@@ -256,3 +256,46 @@ def umount(mountpoint: str, lazy: bool, timeout: float) -> None:
     from fuse.mount import unmount
 
     unmount(mountpoint, lazy, timeout)
+
+
+@click.command("mount-flush")
+@click.argument("server_url", metavar="SERVER_URL")
+@click.argument("write_dir", type=click.Path(file_okay=False))
+@click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="API token. Env: FABRIC_TOKEN.")
+@click.option("--durability", type=click.Choice(["local", "replicated", "hub"]), default="local", show_default=True, help="When a file counts as staged, as for `fabric mount --durability`.")
+@click.option("--commit-message", default=None, metavar="TEXT", help="Then commit each branch a file was staged on, with this message (default: leave the files staged, as a mount without --commit-on-unmount does).")
+@handle_errors
+def mount_flush(server_url: str, write_dir: str, token: str | None, durability: str, commit_message: str | None) -> None:
+    """Stage the files a killed --writeback mount parked in WRITE_DIR, without mounting.
+
+    Each file goes to the repository, branch and path it was written to, with its mode,
+    owner, times and metadata; of two versions of a path the later wins. A file is
+    dropped from WRITE_DIR only once staged; one that cannot be (its branch is gone, the
+    server is away) stays for a later flush or for the next `fabric mount --writeback
+    --write-dir WRITE_DIR`, and the command exits with status 1. Refused while a mount
+    uses WRITE_DIR.
+    """
+    from fuse.flush import flush_journal
+    from fuse.mount import open_plane
+
+    plane = open_plane(server_url, token, durability)
+    try:
+        report = flush_journal(write_dir, plane, durability, commit_message)
+    finally:
+        plane.close()
+    ctx = click.get_current_context().find_object(Ctx)
+
+    def human(r) -> str:
+        lines = [f"staged {len(r.staged)} file(s), {human_size(r.staged_bytes)}, from {write_dir}"
+                 + (f" ({r.superseded} older version(s) dropped)" if r.superseded else "")]
+        lines += [f"committed {where}: {cid[:12]}" for where, cid in r.committed.items()]
+        return "\n".join(lines)
+
+    if ctx is not None:
+        ctx.emit(report.to_json(), lambda _data: human(report))
+    else:
+        click.echo(human(report))
+    for name, why in report.failed.items():
+        click.echo(f"error: not staged, kept in {write_dir}: {name}: {why}", err=True)
+    if report.failed:
+        sys.exit(1)

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -518,3 +521,118 @@ def test_a_save_renamed_over_the_last_one_does_not_wait_for_its_upload(tmp_path)
             wait_for(lambda: not _records(write_dir), timeout=60, interval=0.1)
         assert plane.read(repo, "main", "latest.pt") == versions[2]
         assert [p for p, _ in plane.walk(repo, "main")] == ["latest.pt"]
+
+
+# -- `fabric mount-flush`: a killed mount's journal staged without mounting -------------------
+def _park(journal: Journal, rid: str, repo: str, branch: str, path: str, data: bytes, mode: int, mtime_ns: int, age: float) -> None:
+    """A record as a mount parks one, ``age`` seconds old (records replay oldest first)."""
+    with open(journal.data_path(rid), "wb") as f:
+        f.write(data)
+    journal.write(Record(rid, repo, branch, path, mode, 0, 0, mtime_ns, mtime_ns, {"k": rid}), durable=False)
+    then = time.time() - age
+    os.utime(os.path.join(journal.dir, rid + ".json"), (then, then))
+
+
+def _flush(server: str, token: str, write_dir, *opts: str) -> subprocess.CompletedProcess:
+    return fabric("mount-flush", server, str(write_dir), "--json", *opts, token=token, check=False)
+
+
+def test_mount_flush_stages_the_latest_version_of_each_path_and_keeps_what_it_cannot_stage(hub, tmp_path):
+    plane = hub.plane()
+    repo = unique_name("flush")
+    plane.create_repo(repo)
+    write_dir = tmp_path / "writes"
+    journal = Journal(str(write_dir))
+    _park(journal, "r1", repo, "main", "ckpt/a.pt", b"first save\n", 0o100600, 1_700_000_000_123_456_789, age=30)
+    _park(journal, "r2", repo, "main", "ckpt/a.pt", b"second save\n", 0o100640, 1_700_000_001_987_654_321, age=20)
+    _park(journal, "r3", repo, "later", "b.txt", b"for a branch made later\n", 0o100644, 1_700_000_002_000_000_000, age=10)
+    journal.close()
+
+    first = _flush(hub.url, hub.token, write_dir)
+    assert first.returncode == 1, first.stderr
+    report = json.loads(first.stdout)
+    assert report["staged"] == [f"{repo}@main:ckpt/a.pt"] and report["superseded"] == 1
+    assert list(report["failed"]) == [f"{repo}@later:b.txt"]
+    assert f"not staged, kept in {write_dir}: {repo}@later:b.txt" in first.stderr
+    assert _records(write_dir) == ["r3.json"], "only what could not be staged stays"
+    entry = plane.stat_chunks(repo, "main", "ckpt/a.pt")
+    assert plane.read(repo, "main", "ckpt/a.pt") == b"second save\n"
+    assert (stat.S_IMODE(entry.mode), entry.mtime_ns, entry.meta) == (0o640, 1_700_000_001_987_654_321, {"k": "r2"})
+
+    plane.create_branch(repo, "later", "main")
+    second = _flush(hub.url, hub.token, write_dir, "--commit-message", "flushed")
+    assert second.returncode == 0, second.stderr
+    report = json.loads(second.stdout)
+    assert report["staged"] == [f"{repo}@later:b.txt"] and list(report["committed"]) == [f"{repo}@later"]
+    assert _records(write_dir) == []
+    assert plane.get_commit(repo, "later").message == "flushed"
+    assert plane.read(repo, "later", "b.txt") == b"for a branch made later\n"
+
+
+def test_mount_flush_refuses_a_directory_without_a_journal_and_one_a_mount_holds(hub, tmp_path):
+    empty = tmp_path / "not-a-write-dir"
+    empty.mkdir()
+    refused = _flush(hub.url, hub.token, empty)
+    assert refused.returncode != 0 and "holds no write-back journal" in refused.stderr, refused.stderr
+    assert os.listdir(empty) == [], "a refused flush made nothing"
+
+    write_dir = tmp_path / "writes"
+    journal = Journal(str(write_dir))  # as a live mount holds it
+    _park(journal, "r1", "repo", "main", "a.txt", b"parked\n", 0o100644, 1, age=1)
+    try:
+        busy = _flush(hub.url, hub.token, write_dir)
+        assert busy.returncode != 0 and f"is in use by process {os.getpid()}" in busy.stderr, busy.stderr
+        assert _records(write_dir) == ["r1.json"]
+    finally:
+        journal.close()
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_mount_flush_stages_what_a_killed_mount_parked_with_its_attributes(tmp_path):
+    with _hub_with_repo(tmp_path) as (hub, plane, repo):
+        write_dir = tmp_path / "writes"
+        mp = str(tmp_path / "mnt")
+        opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--server-timeout", "60", "--log-file", mp + ".mount.log")
+        shard = os.urandom(3 * 1024 * 1024)
+        with _mount_to_kill(hub.url, hub.token, repo, mp, opts) as pid:
+            files = {name: open(f"{mp}/{name}", "wb") for name in ("shard.bin", "notes.txt")}
+            files["shard.bin"].write(shard)
+            files["notes.txt"].write(b"step 100\n")
+            hub.kill()  # nothing parked reaches it
+            for f in files.values():
+                _timed_fsync_and_close(f)
+            os.chmod(f"{mp}/notes.txt", 0o600)
+            os.utime(f"{mp}/notes.txt", ns=(1_700_000_000_000_000_007, 1_700_000_000_000_000_007))
+            assert len(_records(write_dir)) == 2
+            os.kill(pid, signal.SIGKILL)
+        hub.start()
+
+        done = _flush(hub.url, hub.token, write_dir, "--commit-message", "after the kill")
+        assert done.returncode == 0, done.stderr
+        assert sorted(json.loads(done.stdout)["staged"]) == [f"{repo}@main:notes.txt", f"{repo}@main:shard.bin"]
+        assert _records(write_dir) == []
+        assert plane.read(repo, "main", "shard.bin") == shard
+        notes = plane.stat_chunks(repo, "main", "notes.txt")
+        assert (stat.S_IMODE(notes.mode), notes.mtime_ns) == (0o600, 1_700_000_000_000_000_007)
+        assert plane.get_commit(repo, "main").message == "after the kill"
+
+
+def test_mount_flush_to_a_server_that_is_away_keeps_every_record_and_stops_at_the_first(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    write_dir = tmp_path / "writes"
+    journal = Journal(str(write_dir))
+    for i in range(3):
+        _park(journal, f"r{i}", "repo", "main", f"f{i}.txt", b"parked\n", 0o100644, 1, age=10 - i)
+    journal.close()
+    t0 = time.monotonic()
+    away = _flush(f"http://127.0.0.1:{port}", "token", write_dir)
+    took = time.monotonic() - t0
+    assert away.returncode == 1, away.stderr
+    failed = json.loads(away.stdout)["failed"]
+    assert list(failed) == [f"repo@main:f{i}.txt" for i in range(3)]
+    assert [why.startswith("not tried") for why in failed.values()] == [False, True, True]
+    assert _records(write_dir) == ["r0.json", "r1.json", "r2.json"]
+    assert took < 60, f"{took:.0f} s: a flush to a server that is away must not try every file"

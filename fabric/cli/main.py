@@ -55,6 +55,7 @@ SERVICE_COMMANDS = {
     "csi": "Run the Kubernetes CSI driver for fabric volumes (driver name csi.fabric.dev).",
     "hub": "Run a hub: the authoritative, versioned store that spokes and clients talk to.",
     "mount": "Mount REPO@REF from the hub or spoke at SERVER_URL on MOUNTPOINT.",
+    "mount-flush": "Stage the files a killed --writeback mount parked in WRITE_DIR, without mounting.",
     "spoke": "Run a spoke: the hub's API next to the GPUs, served from a local cache.",
     "umount": "Unmount a fabric mount and wait until its process has finished (staged writes, unmount commit).",
     "wan-proxy": "Forward TCP from --listen to --target through an emulated WAN link, until Ctrl-C.",
