@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from csi import flush
 from csi.volumes import MountOptions, Volume
 from fabric.cache.spoke_layout import holds_chunk_cache
 from fabric.util.dirlock import DirectoryInUse, DirLock
@@ -81,6 +82,7 @@ class Publication:
     request: PublishRequest
     private: str
     pid: int
+    write_dir: str = ""  # a writeback publication's write directory on this node
 
     @property
     def target(self) -> str:
@@ -126,7 +128,7 @@ class Mounts:
         try:
             with open(path) as f:
                 d = json.load(f)
-            return Publication(PublishRequest.from_json(d["request"]), d["private"], int(d["pid"]))
+            return Publication(PublishRequest.from_json(d["request"]), d["private"], int(d["pid"]), str(d.get("write_dir", "")))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -139,7 +141,7 @@ class Mounts:
         return [pub for pub in loaded if pub is not None]
 
     def _save(self, pub: Publication) -> None:
-        record = {"request": pub.request.to_json(), "private": pub.private, "pid": pub.pid}
+        record = {"request": pub.request.to_json(), "private": pub.private, "pid": pub.pid, "write_dir": pub.write_dir}
         write_json(self._record_path(pub.target), record, durable=True)
 
     def problem(self, pub: Publication) -> str | None:
@@ -166,8 +168,11 @@ class Mounts:
         try:
             if is_mounted(private):  # left by a publish that died half-way
                 _detach(private)
-            pid = self._start_mount(req, private, token, key)
-            pub = Publication(req, private, pid)
+            write_dir = self._write_dir(req)
+            if write_dir:
+                flush.remember(self.state_dir, write_dir, req.volume.server, token, req.options.durability, req.options.commit_on_unmount)
+            pid = self._start_mount(req, private, token, key, write_dir)
+            pub = Publication(req, private, pid, write_dir or "")
             self._save(pub)
             source = _source_dir(private, req.volume.subdir, create=req.writable)
             os.makedirs(req.target, exist_ok=True)
@@ -183,7 +188,8 @@ class Mounts:
         """For a writable publish with ``writeback``: the first of the volume's write
         directories on this node that no live mount holds. One a killed mount left holds its
         journal, which the new mount takes over and stages in the background (so a pod restarted on
-        this node finds what its last checkpoint parked, at once); several pods of one volume get one each."""
+        this node finds what its last checkpoint parked, at once); several pods of one volume get one each.
+        A background flush of a directory (:mod:`csi.flush`) is stopped for this."""
         if not (req.options.writeback and req.writable):
             return None
         vol = req.volume
@@ -192,15 +198,20 @@ class Mounts:
             candidate = os.path.join(self.state_dir, "writes", f"{base}-{i}")
             try:
                 DirLock(candidate, "write-back directory").release()
-            except DirectoryInUse:
-                continue
+            except DirectoryInUse as exc:
+                if not flush.stop_if_flushing(exc.details.get("pid"), candidate):
+                    continue
+                try:
+                    DirLock(candidate, "write-back directory").release()
+                except DirectoryInUse:
+                    continue
             return candidate
         raise MountFailed(f"{WRITE_DIRS} writeback mounts of {vol.share} already run on this node")
 
-    def _start_mount(self, req: PublishRequest, private: str, token: str | None, key: str) -> int:
+    def _start_mount(self, req: PublishRequest, private: str, token: str | None, key: str, write_dir: str | None) -> int:
         vol = req.volume
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", vol.server, f"{vol.repo}@{vol.ref}", private, "--allow-other"]
-        argv += req.options.mount_args(os.path.join(self.state_dir, "cache", key), self._write_dir(req))
+        argv += req.options.mount_args(os.path.join(self.state_dir, "cache", key), write_dir)
         argv += _spoke_cache_args(req)
         argv += ["--log-file", os.path.join(self.state_dir, "logs", key + ".log")]
         if req.writable:
@@ -235,6 +246,8 @@ class Mounts:
             _stop(pub.pid, pub.private)
             with contextlib.suppress(OSError):
                 os.rmdir(pub.private)
+            if pub.write_dir and flush.parked(pub.write_dir):  # its mount stopped before staging them
+                flush.start(self.state_dir, pub.write_dir)
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             if not is_mounted(target):
                 os.rmdir(target)  # the spec: the plugin removes the target path it created

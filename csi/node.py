@@ -8,6 +8,7 @@ from contextlib import closing
 
 import grpc
 
+from csi import flush
 from csi.mounts import Mounts, PublishRequest
 from csi.proto import pb, services
 from csi.rpc import RpcError, VolumeLocks, invalid, require, rpc
@@ -51,7 +52,9 @@ class Node(services.NodeServicer):
         self._adopt()
 
     def _adopt(self) -> None:
-        """Take over the publications a previous driver process left (they keep serving)."""
+        """Take over the publications a previous driver process left (they keep serving), and
+        stage in the background what stopped writeback mounts left parked (:mod:`csi.flush`)."""
+        flush.resume(self.mounts.state_dir)
         for pub in self.mounts.all():
             problem = self.mounts.problem(pub)
             if problem:

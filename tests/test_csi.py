@@ -18,11 +18,13 @@ import time
 import grpc
 import pytest
 
+from csi import flush
 from csi.mounts import Mounts, is_mounted
 from csi.proto import pb
 from fabric.errors import NotFound
 from fabric.format.model import SYMLINK, Entry
 from fabric.util.processes import process_alive
+from fuse.journal import Journal, Record
 from tests.csi_driver import CsiDriver
 from tests.fuse_helpers import needs_fuse
 from tests.spokeserver import start_spoke, wait_for
@@ -383,6 +385,55 @@ def test_a_writeback_volume_restarted_on_the_node_takes_over_its_dead_mounts_wri
         assert f.read() == b"parked by the first pod\n"
     wait_for(lambda: [n for n in os.listdir(os.path.join(write_dir, "writeback")) if n.endswith(".json")] == [], timeout=30, interval=0.1)
     unpublish(driver, "wb-vol", second)
+
+
+def test_what_a_killed_writeback_mount_parked_reaches_the_branch_after_unpublish_without_a_new_pod(hub, repo, driver, tmp_path):
+    """No pod of the volume comes back to the node: after unpublish the node stages what the
+    killed mount parked (and, with ``commit-on-unmount``, commits it), then forgets the token
+    it kept for that."""
+    context = {"server": hub.url, "share": f"{repo}@main/wb"}
+    plane = hub.plane()
+    plane.put_object(repo, "main", "wb/.keep", io.BytesIO(b""))
+    target = str(tmp_path / "pod" / "mount")
+    os.makedirs(os.path.dirname(target))
+    publish(driver, "wb-gone", target, hub.token, context, RWX, "writeback", "commit-on-unmount")
+    pub = Mounts(driver.state).get(target)
+    info = flush.info_path(driver.state, pub.write_dir)
+    assert pub.write_dir and os.stat(info).st_mode & 0o777 == 0o600, "the token it keeps is root's alone"
+    data = os.urandom(2 << 20)
+    with open(os.path.join(target, "step-9.bin"), "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    os.kill(pub.pid, signal.SIGKILL)
+    while process_alive(pub.pid):
+        time.sleep(0.05)
+    assert flush.parked(pub.write_dir) == 1
+    unpublish(driver, "wb-gone", target)
+    wait_for(lambda: plane.get_commit(repo, "main").message == flush.COMMIT_MESSAGE, timeout=90, interval=0.2)
+    assert plane.read(repo, "main", "wb/step-9.bin") == data
+    assert flush.parked(pub.write_dir) == 0
+    wait_for(lambda: not os.path.exists(info), timeout=30, interval=0.1)
+
+
+def test_a_driver_started_again_stages_what_a_write_dir_still_parks(hub, repo, tmp_path):
+    """A flush that could not finish (the server was away, the node rebooted) is taken up again
+    when the driver starts; a directory that parks nothing has its record (and token) forgotten."""
+    state = tmp_path / "csi" / "state"
+    parking, empty = str(state / "writes" / "vol-0"), str(state / "writes" / "vol-1")
+    journal = Journal(parking)
+    with open(journal.data_path("r1"), "wb") as f:
+        f.write(b"parked before the reboot\n")
+    journal.write(Record("r1", repo, "main", "after/reboot.txt", 0o100644, 0, 0, 1, 1, {}), durable=True)
+    journal.close()
+    Journal(empty).close()
+    for write_dir in (parking, empty):
+        flush.remember(str(state), write_dir, hub.url, hub.token, "local", commit=False)
+    with CsiDriver(tmp_path / "csi"):
+        plane = hub.plane()
+        wait_for(lambda: not os.path.exists(flush.info_path(str(state), parking)), timeout=60, interval=0.1)
+        assert plane.read(repo, "main", "after/reboot.txt") == b"parked before the reboot\n"
+        assert not os.path.exists(flush.info_path(str(state), empty))
+        assert flush.parked(parking) == 0
 
 
 def test_unpublish_cleans_up_after_the_mount_process_died(hub, repo, driver, tmp_path):
