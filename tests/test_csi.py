@@ -19,14 +19,18 @@ import grpc
 import pytest
 
 from csi import flush
-from csi.mounts import Mounts, is_mounted
+from csi.mounts import Mounts, PublishRequest, is_mounted
 from csi.proto import pb
+from csi.volumes import Volume, parse_mount_flags
 from fabric.errors import NotFound
 from fabric.format.model import SYMLINK, Entry
+from fabric.util.dirlock import DirectoryInUse, DirLock
 from fabric.util.processes import process_alive
 from fuse.journal import Journal, Record
+from testbed.wanproxy import WanProxy
 from tests.csi_driver import CsiDriver
 from tests.fuse_helpers import needs_fuse
+from tests.hubserver import ROOT
 from tests.spokeserver import start_spoke, wait_for
 
 pytestmark = needs_fuse
@@ -473,3 +477,38 @@ def test_on_delete_of_a_claims_directory(hub, repo, driver, policy):
     assert not [t for t in plane.list_tags(repo) if t["name"].startswith("archive-")]
     # The name is free again: a new claim of that name is a new volume.
     assert driver.controller.CreateVolume(create, timeout=60).volume.volume_id == volume.volume_id
+
+
+def test_a_publish_stops_the_flush_of_the_write_dir_it_takes_over(hub, repo, tmp_path):
+    """A flush of a write directory, still uploading over a slow link, is stopped by a
+    writeback publish of the volume on the node, which then gets that directory with what
+    the flush had not staged yet."""
+    state = str(tmp_path / "state")
+    mounts = Mounts(state)
+    req = PublishRequest("v", Volume(hub.url, repo, "main"), "/t", True, parse_mount_flags(["writeback"]))
+    write_dir = mounts._write_dir(req)
+    journal = Journal(write_dir)
+    with open(journal.data_path("big"), "wb") as f:
+        f.write(os.urandom(16 << 20))
+    journal.write(Record("big", repo, "main", "big.bin", 0o100644, 0, 0, 1, 1, {}), durable=True)
+    journal.close()
+    with WanProxy("127.0.0.1", int(hub.url.rsplit(":", 1)[1]), rate_mbit=8) as link:  # 16 MiB: about 17 s
+        flush.remember(state, write_dir, link.url_for(), hub.token, "local", commit=False)
+        runner = subprocess.Popen([sys.executable, "-m", "csi.flush", state, write_dir], cwd=ROOT)
+        try:
+            def flushing() -> bool:
+                try:
+                    DirLock(write_dir).release()
+                except DirectoryInUse:
+                    return True
+                return False
+
+            wait_for(flushing, timeout=30, interval=0.05)
+            t0 = time.monotonic()
+            assert mounts._write_dir(req) == write_dir
+            assert time.monotonic() - t0 < flush.STOP_WAIT
+            assert runner.wait(30) != 0, "the flush was stopped, not finished"
+        finally:
+            runner.kill()
+    assert flush.parked(write_dir) == 1, "what it had not staged is left for the new mount"
+    assert os.path.exists(flush.info_path(state, write_dir)), "and so is the record of how to stage it"
