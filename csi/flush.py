@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from fabric.util.dirlock import DirectoryInUse, DirLock
+from fabric.util.dirlock import DirectoryInUse, DirLock, lock_holder
 from fabric.util.jsonfile import write_json
 from fabric.util.processes import process_alive
 
@@ -41,6 +41,8 @@ JOURNAL = "writeback"
 COMMIT_MESSAGE = "fabric csi: files a stopped writeback mount left, staged after it"
 #: How long a publish waits for a flush it stopped to let go of the directory.
 STOP_WAIT = 10.0
+#: How long :func:`start` waits for the flush it began to hold the directory.
+START_WAIT = 10.0
 
 
 def info_path(state_dir: str, write_dir: str) -> str:
@@ -57,6 +59,12 @@ def remember(state_dir: str, write_dir: str, server: str, token: str | None, dur
         os.umask(old)
 
 
+def forget(state_dir: str, write_dir: str) -> None:
+    """Drop the record of ``write_dir`` (it parks nothing, and no mount uses it)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(info_path(state_dir, write_dir))
+
+
 def parked(write_dir: str) -> int:
     """How many files the journal of ``write_dir`` holds (0 if it has none)."""
     try:
@@ -66,17 +74,24 @@ def parked(write_dir: str) -> int:
 
 
 def start(state_dir: str, write_dir: str) -> int | None:
-    """Stage what ``write_dir`` holds in a detached process; its pid, or None without a record."""
-    if not os.path.exists(info_path(state_dir, write_dir)):
+    """Stage what ``write_dir`` holds in a detached process group; its leader's pid, or None
+    without a record. Returns once the flush holds the directory (or has ended), so that a
+    publish that comes next finds it there and stops it rather than racing it for the journal."""
+    info = info_path(state_dir, write_dir)
+    if not os.path.exists(info):
         log.warning("%s holds %d parked file(s) but no record of its server and token: they wait for the next writeback mount of its volume on this node",
                     write_dir, parked(write_dir))
         return None
     logfile = os.path.join(state_dir, "logs", "flush-" + os.path.basename(os.path.normpath(write_dir)) + ".log")
     os.makedirs(os.path.dirname(logfile), exist_ok=True)
     with open(logfile, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "csi.flush", state_dir, write_dir], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "csi.flush", state_dir, write_dir, _identity(info)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     log.info("staging %d parked file(s) of %s in the background (pid %d, log %s)", parked(write_dir), write_dir, proc.pid, logfile)
+    d = os.stat(write_dir)
+    deadline = time.monotonic() + START_WAIT
+    while lock_holder(d.st_dev, d.st_ino) is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
     return proc.pid
 
 
@@ -95,42 +110,50 @@ def resume(state_dir: str) -> None:
         if parked(write_dir):
             start(state_dir, write_dir)
         else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(folder, name))
+            forget(state_dir, write_dir)
 
 
 def stop_if_flushing(pid: int | None, write_dir: str) -> bool:
-    """If process ``pid`` is a flush of ``write_dir``, stop it and wait until it has let go of
-    the directory; whether it was one."""
+    """If process ``pid`` is a flush of ``write_dir`` that :func:`start` began, stop its whole
+    process group and wait until it has let go of the directory; whether it was one."""
     if not pid:
         return False
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
+        group = os.getpgid(pid)
+    except ProcessLookupError:
         return False
-    if b"mount-flush" not in argv or os.fsencode(write_dir) not in argv:
+    if not _is_flush_of(group, write_dir):
         return False
     deadline = time.monotonic() + STOP_WAIT
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+            os.killpg(group, sig)
         while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         if not process_alive(pid):
             break
         deadline = time.monotonic() + STOP_WAIT
-    log.info("stopped the flush of %s (pid %d): a new mount takes over what it had not staged", write_dir, pid)
+    log.info("stopped the flush of %s (pid %d): a new mount takes over what it had not staged", write_dir, group)
     return True
 
 
+def _is_flush_of(pid: int, write_dir: str) -> bool:
+    """Whether process ``pid`` is ``python -m csi.flush STATE_DIR write_dir ...``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"csi.flush" in argv and os.fsencode(write_dir) in argv
+
+
 def main(argv: list[str]) -> int:
-    """``python -m csi.flush STATE_DIR WRITE_DIR``: stage what WRITE_DIR parks with ``fabric
-    mount-flush``, then forget the directory's record (and token) if nothing is left; its status."""
+    """``python -m csi.flush STATE_DIR WRITE_DIR INODE:MTIME_NS``: stage what WRITE_DIR parks
+    with ``fabric mount-flush``, then, if nothing is left, forget the directory's record (and
+    token): the record :func:`start` saw, not one a publish wrote meanwhile; its status."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    state_dir, write_dir = argv
-    path = info_path(state_dir, write_dir)
-    with open(path) as f:
+    state_dir, write_dir, seen = argv
+    with open(info_path(state_dir, write_dir)) as f:
         info = json.load(f)
     cmd = [sys.executable, "-m", "fabric.cli.main", "mount-flush", info["server"], write_dir, "--durability", info["durability"]]
     if info["commit"]:
@@ -141,12 +164,19 @@ def main(argv: list[str]) -> int:
     status = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL).returncode
     try:
         with DirLock(write_dir, "write-back directory"):  # (not while a new mount has it)
-            if not parked(write_dir):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+            if not parked(write_dir) and _identity(info_path(state_dir, write_dir)) == seen:
+                forget(state_dir, write_dir)  # (not one a publish wrote meanwhile for its new mount)
     except DirectoryInUse:
         pass
     return status
+
+
+def _identity(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return ""
+    return f"{st.st_ino}:{st.st_mtime_ns}"
 
 
 if __name__ == "__main__":

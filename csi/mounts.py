@@ -248,6 +248,8 @@ class Mounts:
                 os.rmdir(pub.private)
             if pub.write_dir and flush.parked(pub.write_dir):  # its mount stopped before staging them
                 flush.start(self.state_dir, pub.write_dir)
+            elif pub.write_dir:
+                flush.forget(self.state_dir, pub.write_dir)  # nothing left to stage: no token kept
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             if not is_mounted(target):
                 os.rmdir(target)  # the spec: the plugin removes the target path it created

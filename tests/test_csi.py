@@ -6,6 +6,7 @@ target paths (bind mounts of the share's sub-directory).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -24,13 +25,12 @@ from csi.proto import pb
 from csi.volumes import Volume, parse_mount_flags
 from fabric.errors import NotFound
 from fabric.format.model import SYMLINK, Entry
-from fabric.util.dirlock import DirectoryInUse, DirLock
+from fabric.util.dirlock import lock_holder
 from fabric.util.processes import process_alive
 from fuse.journal import Journal, Record
 from testbed.wanproxy import WanProxy
 from tests.csi_driver import CsiDriver
 from tests.fuse_helpers import needs_fuse
-from tests.hubserver import ROOT
 from tests.spokeserver import start_spoke, wait_for
 
 pytestmark = needs_fuse
@@ -388,7 +388,9 @@ def test_a_writeback_volume_restarted_on_the_node_takes_over_its_dead_mounts_wri
     with open(os.path.join(second, "step-1.bin"), "rb") as f:
         assert f.read() == b"parked by the first pod\n"
     wait_for(lambda: [n for n in os.listdir(os.path.join(write_dir, "writeback")) if n.endswith(".json")] == [], timeout=30, interval=0.1)
+    assert os.path.exists(flush.info_path(driver.state, write_dir))
     unpublish(driver, "wb-vol", second)
+    assert not os.path.exists(flush.info_path(driver.state, write_dir)), "nothing left to stage: the node keeps no token"
 
 
 def test_what_a_killed_writeback_mount_parked_reaches_the_branch_after_unpublish_without_a_new_pod(hub, repo, driver, tmp_path):
@@ -494,21 +496,16 @@ def test_a_publish_stops_the_flush_of_the_write_dir_it_takes_over(hub, repo, tmp
     journal.close()
     with WanProxy("127.0.0.1", int(hub.url.rsplit(":", 1)[1]), rate_mbit=8) as link:  # 16 MiB: about 17 s
         flush.remember(state, write_dir, link.url_for(), hub.token, "local", commit=False)
-        runner = subprocess.Popen([sys.executable, "-m", "csi.flush", state, write_dir], cwd=ROOT)
+        pid = flush.start(state, write_dir)
         try:
-            def flushing() -> bool:
-                try:
-                    DirLock(write_dir).release()
-                except DirectoryInUse:
-                    return True
-                return False
-
-            wait_for(flushing, timeout=30, interval=0.05)
+            d = os.stat(write_dir)
+            assert lock_holder(d.st_dev, d.st_ino) is not None, "start returns once the flush holds the directory"
             t0 = time.monotonic()
             assert mounts._write_dir(req) == write_dir
             assert time.monotonic() - t0 < flush.STOP_WAIT
-            assert runner.wait(30) != 0, "the flush was stopped, not finished"
+            wait_for(lambda: not process_alive(pid), timeout=10, interval=0.05)
         finally:
-            runner.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
     assert flush.parked(write_dir) == 1, "what it had not staged is left for the new mount"
     assert os.path.exists(flush.info_path(state, write_dir)), "and so is the record of how to stage it"
