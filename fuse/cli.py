@@ -278,12 +278,12 @@ def mount_flush(server_url: str, write_dir: str, token: str | None, durability: 
     from fuse.flush import flush_journal
     from fuse.mount import open_plane
 
+    ctx = click.get_current_context().find_object(Ctx)
     plane = open_plane(server_url, token, durability)
     try:
-        report = flush_journal(write_dir, plane, durability, commit_message)
+        report = flush_journal(write_dir, plane, durability, commit_message, ctx.progress() if ctx is not None else None)
     finally:
         plane.close()
-    ctx = click.get_current_context().find_object(Ctx)
 
     def human(r) -> str:
         lines = [f"staged {len(r.staged)} file(s), {human_size(r.staged_bytes)}, from {write_dir}"

@@ -24,6 +24,7 @@ from fabric.errors import BadRequest, ChunksMissing, FabricError, Unauthorized, 
 from fabric.format.ingest import ingest_runs
 from fabric.format.model import FILE, Entry
 from fabric.plane.dataplane import DataPlane
+from fabric.util.progress import Progress
 from fuse.journal import DIRNAME, Journal, Record
 from fuse.writer import EMPTY_MD5, file_runs
 
@@ -40,10 +41,14 @@ class FlushReport:
         return dict(self.__dict__)
 
 
-def flush_journal(write_dir: str, plane: DataPlane, durability: str | None = None, commit_message: str | None = None) -> FlushReport:
+def flush_journal(
+    write_dir: str, plane: DataPlane, durability: str | None = None, commit_message: str | None = None, progress: Progress | None = None
+) -> FlushReport:
     """Stage every file the journal of ``write_dir`` holds (see the module's docstring);
-    ``commit_message``: then commit each branch a file was staged on. BadRequest if
-    ``write_dir`` holds no journal; DirectoryInUse while a mount (or flush) uses it."""
+    ``commit_message``: then commit each branch a file was staged on; ``progress`` hears of
+    the bytes of each file as it is staged. BadRequest if ``write_dir`` holds no journal;
+    DirectoryInUse while a mount (or flush) uses it."""
+    progress = progress or Progress()
     if not os.path.isdir(os.path.join(write_dir, DIRNAME)):
         raise BadRequest(f"{write_dir!r} holds no write-back journal (no {DIRNAME}/ in it): it is not the --write-dir of a --writeback mount")
     journal = Journal(write_dir)
@@ -57,6 +62,7 @@ def flush_journal(write_dir: str, plane: DataPlane, durability: str | None = Non
                 report.superseded += 1
             latest[(record.repo, record.branch, record.path)] = record
         branches: list[tuple[str, str]] = []
+        progress.start(sum(_size(journal, r) for r in latest.values()), "B", "staging parked files")
         away: Unavailable | Unauthorized | None = None
         for record in latest.values():
             name = f"{record.repo}@{record.branch}:{record.path}"
@@ -75,14 +81,23 @@ def flush_journal(write_dir: str, plane: DataPlane, durability: str | None = Non
             journal.drop(record.id)
             report.staged.append(name)
             report.staged_bytes += size
+            progress.advance(size)
             if (record.repo, record.branch) not in branches:
                 branches.append((record.repo, record.branch))
         if commit_message is not None:
             for repo, branch in branches:
                 report.committed[f"{repo}@{branch}"] = plane.commit(repo, branch, commit_message).id
     finally:
+        progress.close()
         journal.close()
     return report
+
+
+def _size(journal: Journal, record: Record) -> int:
+    try:
+        return os.stat(journal.data_path(record.id)).st_size
+    except OSError:
+        return 0
 
 
 def _stage(journal: Journal, record: Record, plane: DataPlane, durability: str | None) -> int:

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 import pytest
 
 from fabric.util.processes import process_alive
+from fabric.util.progress import Progress
+from fuse.flush import flush_journal
 from fuse.journal import Journal, Record
 from testbed.wanproxy import WanProxy
 from tests.fuse_helpers import _state, fabric, force_unmount, mount_log, mounted, needs_fuse
@@ -533,16 +535,21 @@ def _park(journal: Journal, rid: str, repo: str, branch: str, path: str, data: b
     os.utime(os.path.join(journal.dir, rid + ".json"), (then, then))
 
 
+def _new_repo_and_journal(hub, tmp_path, prefix: str) -> tuple:
+    """A new repository on ``hub``, and the journal of a new write directory (opened)."""
+    plane = hub.plane()
+    repo = unique_name(prefix)
+    plane.create_repo(repo)
+    write_dir = tmp_path / "writes"
+    return plane, repo, write_dir, Journal(str(write_dir))
+
+
 def _flush(server: str, token: str, write_dir, *opts: str) -> subprocess.CompletedProcess:
     return fabric("mount-flush", server, str(write_dir), "--json", *opts, token=token, check=False)
 
 
 def test_mount_flush_stages_the_latest_version_of_each_path_and_keeps_what_it_cannot_stage(hub, tmp_path):
-    plane = hub.plane()
-    repo = unique_name("flush")
-    plane.create_repo(repo)
-    write_dir = tmp_path / "writes"
-    journal = Journal(str(write_dir))
+    plane, repo, write_dir, journal = _new_repo_and_journal(hub, tmp_path, "flush")
     _park(journal, "r1", repo, "main", "ckpt/a.pt", b"first save\n", 0o100600, 1_700_000_000_123_456_789, age=30)
     _park(journal, "r2", repo, "main", "ckpt/a.pt", b"second save\n", 0o100640, 1_700_000_001_987_654_321, age=20)
     _park(journal, "r3", repo, "later", "b.txt", b"for a branch made later\n", 0o100644, 1_700_000_002_000_000_000, age=10)
@@ -636,3 +643,31 @@ def test_mount_flush_to_a_server_that_is_away_keeps_every_record_and_stops_at_th
     assert [why.startswith("not tried") for why in failed.values()] == [False, True, True]
     assert _records(write_dir) == ["r0.json", "r1.json", "r2.json"]
     assert took < 60, f"{took:.0f} s: a flush to a server that is away must not try every file"
+
+
+class _Recorded(Progress):
+    def __init__(self) -> None:
+        self.total: int | None = None
+        self.done = 0
+        self.closed = False
+
+    def start(self, total: int | None, unit: str = "B", desc: str = "") -> None:
+        self.total = total
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_mount_flush_reports_its_progress_in_bytes_of_the_files_it_stages(hub, tmp_path):
+    plane, repo, write_dir, journal = _new_repo_and_journal(hub, tmp_path, "flushp")
+    _park(journal, "old", repo, "main", "a.bin", b"x" * 1000, 0o100644, 1, age=20)  # superseded: not counted
+    _park(journal, "new", repo, "main", "a.bin", os.urandom(300_000), 0o100644, 1, age=10)
+    _park(journal, "b", repo, "main", "b.bin", os.urandom(5_000), 0o100644, 1, age=5)
+    journal.close()
+    progress = _Recorded()
+    report = flush_journal(str(write_dir), plane, progress=progress)
+    assert report.staged_bytes == 305_000
+    assert (progress.total, progress.done, progress.closed) == (305_000, 305_000, True)
