@@ -22,14 +22,13 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 
 from fabric.util.dirlock import DirectoryInUse, DirLock, lock_holder
 from fabric.util.jsonfile import write_json
-from fabric.util.processes import process_alive
+from fabric.util.processes import end_process
 
 log = logging.getLogger("fabric.csi")
 
@@ -46,7 +45,11 @@ START_WAIT = 10.0
 
 
 def info_path(state_dir: str, write_dir: str) -> str:
-    return os.path.join(state_dir, FLUSH_DIR, os.path.basename(os.path.normpath(write_dir)) + ".json")
+    return os.path.join(state_dir, FLUSH_DIR, _name(write_dir) + ".json")
+
+
+def _name(write_dir: str) -> str:
+    return os.path.basename(os.path.normpath(write_dir))
 
 
 def remember(state_dir: str, write_dir: str, server: str, token: str | None, durability: str, commit: bool) -> None:
@@ -82,7 +85,7 @@ def start(state_dir: str, write_dir: str) -> int | None:
         log.warning("%s holds %d parked file(s) but no record of its server and token: they wait for the next writeback mount of its volume on this node",
                     write_dir, parked(write_dir))
         return None
-    logfile = os.path.join(state_dir, "logs", "flush-" + os.path.basename(os.path.normpath(write_dir)) + ".log")
+    logfile = os.path.join(state_dir, "logs", f"flush-{_name(write_dir)}.log")
     os.makedirs(os.path.dirname(logfile), exist_ok=True)
     with open(logfile, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "csi.flush", state_dir, write_dir, _identity(info)],
@@ -124,15 +127,7 @@ def stop_if_flushing(pid: int | None, write_dir: str) -> bool:
         return False
     if not _is_flush_of(group, write_dir):
         return False
-    deadline = time.monotonic() + STOP_WAIT
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, sig)
-        while process_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not process_alive(pid):
-            break
-        deadline = time.monotonic() + STOP_WAIT
+    end_process(pid, lambda sig: os.killpg(group, sig), STOP_WAIT, STOP_WAIT)
     log.info("stopped the flush of %s (pid %d): a new mount takes over what it had not staged", write_dir, group)
     return True
 

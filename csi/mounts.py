@@ -20,11 +20,9 @@ import hashlib
 import json
 import logging
 import os
-import signal
 import stat
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 
 from csi import flush
@@ -32,7 +30,7 @@ from csi.volumes import MountOptions, Volume
 from fabric.cache.spoke_layout import holds_chunk_cache
 from fabric.util.dirlock import DirectoryInUse, DirLock
 from fabric.util.jsonfile import write_json
-from fabric.util.processes import process_alive
+from fabric.util.processes import end_process, process_alive
 
 log = logging.getLogger("fabric.csi")
 
@@ -337,12 +335,4 @@ def _stop(pid: int, private: str) -> None:
     """End the mount process if it is still there (it normally exits at unmount)."""
     if not pid or _mount_pid(private) != pid:
         return
-    deadline = time.monotonic() + 10
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        while time.monotonic() < deadline and process_alive(pid):
-            time.sleep(0.1)
-        if not process_alive(pid):
-            return
-        deadline = time.monotonic() + 5
+    end_process(pid)

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from fabric.cli.context import Ctx, handle_errors, human_size
+from fabric.cli.context import Ctx, handle_errors, human_size, pass_ctx
 from fabric.engine.refs import split_repo_ref
 from fabric.errors import BadRequest
 from fabric.plane.jobs import JOB_ENV
@@ -264,8 +264,9 @@ def umount(mountpoint: str, lazy: bool, timeout: float) -> None:
 @click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="API token. Env: FABRIC_TOKEN.")
 @click.option("--durability", type=click.Choice(["local", "replicated", "hub"]), default="local", show_default=True, help="When a file counts as staged, as for `fabric mount --durability`.")
 @click.option("--commit-message", default=None, metavar="TEXT", help="Then commit each branch a file was staged on, with this message (default: leave the files staged, as a mount without --commit-on-unmount does).")
+@pass_ctx
 @handle_errors
-def mount_flush(server_url: str, write_dir: str, token: str | None, durability: str, commit_message: str | None) -> None:
+def mount_flush(ctx: Ctx, server_url: str, write_dir: str, token: str | None, durability: str, commit_message: str | None) -> None:
     """Stage the files a killed --writeback mount parked in WRITE_DIR, without mounting.
 
     Each file goes to the repository, branch and path it was written to, with its mode,
@@ -278,23 +279,15 @@ def mount_flush(server_url: str, write_dir: str, token: str | None, durability: 
     from fuse.flush import flush_journal
     from fuse.mount import open_plane
 
-    ctx = click.get_current_context().find_object(Ctx)
     plane = open_plane(server_url, token, durability)
     try:
-        report = flush_journal(write_dir, plane, durability, commit_message, ctx.progress() if ctx is not None else None)
+        report = flush_journal(write_dir, plane, durability, commit_message, ctx.progress())
     finally:
         plane.close()
-
-    def human(r) -> str:
-        lines = [f"staged {len(r.staged)} file(s), {human_size(r.staged_bytes)}, from {write_dir}"
-                 + (f" ({r.superseded} older version(s) dropped)" if r.superseded else "")]
-        lines += [f"committed {where}: {cid[:12]}" for where, cid in r.committed.items()]
-        return "\n".join(lines)
-
-    if ctx is not None:
-        ctx.emit(report.to_json(), lambda _data: human(report))
-    else:
-        click.echo(human(report))
+    lines = [f"staged {len(report.staged)} file(s), {human_size(report.staged_bytes)}, from {write_dir}"
+             + (f" ({report.superseded} older version(s) dropped)" if report.superseded else "")]
+    lines += [f"committed {where}: {cid[:12]}" for where, cid in report.committed.items()]
+    ctx.emit(report.to_json(), "\n".join(lines))
     for name, why in report.failed.items():
         click.echo(f"error: not staged, kept in {write_dir}: {name}: {why}", err=True)
     if report.failed:

@@ -21,12 +21,11 @@ import os
 from dataclasses import dataclass, field
 
 from fabric.errors import BadRequest, ChunksMissing, FabricError, Unauthorized, Unavailable
-from fabric.format.ingest import ingest_runs
-from fabric.format.model import FILE, Entry
+from fabric.format.model import Entry
 from fabric.plane.dataplane import DataPlane
 from fabric.util.progress import Progress
 from fuse.journal import DIRNAME, Journal, Record
-from fuse.writer import EMPTY_MD5, file_runs
+from fuse.writer import WFile
 
 
 @dataclass
@@ -54,17 +53,11 @@ def flush_journal(
     journal = Journal(write_dir)
     report = FlushReport()
     try:
-        latest: dict[tuple[str, str, str], Record] = {}
-        for record in journal.records():  # oldest first
-            older = latest.pop((record.repo, record.branch, record.path), None)
-            if older is not None:
-                journal.drop(older.id)
-                report.superseded += 1
-            latest[(record.repo, record.branch, record.path)] = record
+        latest, report.superseded = journal.latest()
         branches: list[tuple[str, str]] = []
-        progress.start(sum(_size(journal, r) for r in latest.values()), "B", "staging parked files")
+        progress.start(sum(_size(journal, r) for r in latest), "B", "staging parked files")
         away: Unavailable | Unauthorized | None = None
-        for record in latest.values():
+        for record in latest:
             name = f"{record.repo}@{record.branch}:{record.path}"
             if away is not None:  # the server is away or refuses the token: no use trying each file
                 report.failed[name] = f"not tried: {away}"
@@ -104,31 +97,25 @@ def _stage(journal: Journal, record: Record, plane: DataPlane, durability: str |
     """Chunk and stage the file of ``record``; its size."""
     fd = os.open(journal.data_path(record.id), os.O_RDONLY | os.O_CLOEXEC)
     try:
-        size = os.fstat(fd).st_size
-        changes = {record.path: _entry(record, fd, size, plane)}
+        entry = _entry(record, fd, plane)
         try:
-            plane.stage(record.repo, record.branch, changes, durability)
+            plane.stage(record.repo, record.branch, {record.path: entry}, durability)
         except ChunksMissing:  # the server lost chunks it took (a spoke restarted): send them again
-            plane.stage(record.repo, record.branch, {record.path: _entry(record, fd, size, plane)}, durability)
-        return size
+            plane.stage(record.repo, record.branch, {record.path: _entry(record, fd, plane)}, durability)
+        return entry.size
     finally:
         os.close(fd)
 
 
-def _entry(record: Record, fd: int, size: int, plane: DataPlane) -> Entry:
-    """The file's entry, its chunks stored at the server."""
-    chunks: list[tuple[bytes, int]] = []
-    md5 = EMPTY_MD5
-    if size:
-        sink = plane.chunk_sink(record.repo)
-        try:
-            chunks, md5 = ingest_runs(file_runs(fd, size), sink)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                sink.close()
-            raise
-        sink.close()
-    return Entry(
-        FILE, size, record.mode, record.mtime_ns, uid=record.uid, gid=record.gid, md5=md5,
-        chunks=tuple(chunks), meta=dict(record.meta), ctime_ns=record.ctime_ns,
-    )
+def _entry(record: Record, fd: int, plane: DataPlane) -> Entry:
+    """The file's entry, as a mount that took the record over would stage it, its chunks
+    stored at the server."""
+    sink = plane.chunk_sink(record.repo)
+    try:
+        entry = WFile.recovered(record, fd, "", None).build_entry(sink)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            sink.close()
+        raise
+    sink.close()
+    return entry

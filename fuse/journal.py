@@ -131,5 +131,18 @@ class Journal:
             out.append((os.stat(path).st_mtime, record))
         return [r for _, r in sorted(out, key=lambda pair: pair[0])]
 
+    def latest(self) -> tuple[list[Record], int]:
+        """:meth:`records`, of two of one file (repository, branch, path) only the later: the
+        earlier are dropped (a version saved after them replaced them); and how many were."""
+        latest: dict[tuple[str, str, str], Record] = {}
+        dropped = 0
+        for record in self.records():  # oldest first
+            older = latest.pop((record.repo, record.branch, record.path), None)
+            if older is not None:
+                self.drop(older.id)
+                dropped += 1
+            latest[(record.repo, record.branch, record.path)] = record
+        return list(latest.values()), dropped
+
     def close(self) -> None:
         self._lock.release()

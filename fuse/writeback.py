@@ -259,19 +259,15 @@ class WriteBack:
         upload takes and whether or not the server takes them now. Call before serving."""
         st = self.state
         taken: dict[str, WFile] = {}
-        for record in self.journal.records():  # oldest first: of two records of a path, the later wins
+        records, _ = self.journal.latest()
+        for record in records:
             if (record.repo, record.branch) != (st.repo, st.branch):
                 log.warning("write-back journal: %s is for %s@%s, not this mount's; left for a mount of it",
                             record.path, record.repo, record.branch)
                 continue
             on_branch = st.ns.lookup(record.path)  # (one listing per directory, not a call per file)
             fd = os.open(self.journal.data_path(record.id), os.O_RDWR)
-            wf = WFile.recovered(record, fd, self.writes.write_dir or "", on_branch if on_branch is not None and on_branch.kind == FILE else None)
-            older = taken.pop(record.path, None)
-            if older is not None and older.journal_id is not None:
-                self.journal.drop(older.journal_id)
-                older.close()
-            taken[record.path] = wf
+            taken[record.path] = WFile.recovered(record, fd, self.writes.write_dir or "", on_branch if on_branch is not None and on_branch.kind == FILE else None)
         with st.mu:
             st.files.update(taken)
         with self._mu:

@@ -223,21 +223,20 @@ class FetchScheduler:
             missed = set(fetched)
             total = hit = 0
             for cid in window:
-                if cid in fetched:  # fetched for this window: its frame is at hand, not read back from the disk
-                    frame = fetched[cid].result().frame
-                    self.cache.touch(cid)
-                else:
+                frame = None
+                if cid not in fetched:
                     corruptions = self.cache.corruptions
                     frame = self.cache.get(cid)
                     if frame is None:  # a hit evicted (or found corrupt, and dropped) since
                         if self.cache.corruptions != corruptions:
                             self.refetched += 1
-                        again = time.monotonic()
                         fetched[cid] = self._request(cid, DEMAND_PRIORITY)
-                        frame = fetched[cid].result().frame
-                        self.cache.touch(cid)
-                        wait += time.monotonic() - again
                         missed.add(cid)
+                if frame is None:  # fetched for this request: its frame is at hand, not read back from the disk
+                    again = time.monotonic()
+                    frame = fetched[cid].result().frame
+                    wait += time.monotonic() - again
+                    self.cache.touch(cid)
                 size = frames.raw_length(frame)
                 total += size
                 if cid in missed:
