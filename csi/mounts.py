@@ -197,8 +197,9 @@ class Mounts:
             try:
                 DirLock(candidate, "write-back directory").release()
             except DirectoryInUse as exc:
-                if not flush.stop_if_flushing(exc.details.get("pid"), candidate):
-                    continue
+                # A flush is stopped; a holder that has just let go (a flush that ended) is
+                # gone by the second try; a live mount still holds it.
+                flush.stop_if_flushing(exc.details.get("pid"), candidate)
                 try:
                     DirLock(candidate, "write-back directory").release()
                 except DirectoryInUse:
