@@ -13,8 +13,18 @@ The same files several ways, side by side in one run:
   read of every file before the rounds: a locally cached commit (a fresh mount process
   per round; the chunks come from the local disk, the hub serves only metadata);
 - ``passthrough``: libfuse's own C example ``passthrough_ll`` over the local directory,
-  built from the libfuse3-dev examples when they are installed: what a FUSE mount costs
-  at best on this machine (one copy fewer than fabric: it splices file pages to the kernel).
+  built from the libfuse3-dev examples when they are installed: what a FUSE mount that
+  serves reads in user space costs at best on this machine (one copy fewer than fabric: it
+  splices file pages to the kernel);
+- ``kernel-passthrough``: ``bench/kernel_passthrough.py`` over the local directory, a FUSE
+  server in Python that speaks the kernel's protocol itself (no libfuse) and whose opens
+  hand the kernel the source file (FUSE passthrough, Linux 6.9+), so no read reaches user
+  space: what a mount could reach for files whose plain bytes are on the local disk. Left
+  out where the kernel was not built with passthrough;
+- ``kernel-reads``: the same server answering every READ itself with ``pread``
+  (``--no-passthrough``; 4 threads): what a Python server without libfuse gets.
+
+Both ``kernel-*`` systems mount with mount(2), so they run as root only.
 
 With ``--baseline-src DIR`` each fabric mount runs a second time from the source tree DIR
 (``NAME@base``, e.g. a ``git archive`` of the previous revision), in the same rounds:
@@ -44,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import json
 import os
 import random
@@ -245,6 +256,40 @@ class Passthrough:
         unmount(self.mp)
 
 
+class KernelPassthrough:
+    """``bench/kernel_passthrough.py`` over the local directory: with ``passthrough``, no read
+    reaches user space; without, its threads answer each READ with ``pread``."""
+
+    def __init__(self, python: str, src: str, mp: str, passthrough: bool = True) -> None:
+        self.src, self.mp = src, mp
+        self.name = "kernel-passthrough" if passthrough else "kernel-reads"
+        self.cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_passthrough.py"), src, mp]
+        if not passthrough:
+            self.cmd.append("--no-passthrough")
+        self.proc: subprocess.Popen | None = None
+
+    @staticmethod
+    def kernel_has_passthrough() -> bool:
+        """Whether this kernel was built with FUSE passthrough (as far as its config tells)."""
+        try:
+            with gzip.open("/proc/config.gz", "rt") as f:
+                return "CONFIG_FUSE_PASSTHROUGH=y" in f.read()
+        except OSError:
+            return False
+
+    def mount(self) -> str:
+        os.makedirs(self.mp, exist_ok=True)
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL)
+        wait_mount(self.mp, self.proc)
+        return self.mp
+
+    def unmount(self) -> None:
+        unmount(self.mp)
+        if self.proc is not None:
+            self.proc.wait(30)
+            self.proc = None
+
+
 class Rclone:
     name = "rclone"
 
@@ -288,7 +333,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("--only", choices=["fabric", "fabric-cached", "rclone", "passthrough", "local"], action="append")
+    ap.add_argument("--only", choices=["fabric", "fabric-cached", "rclone", "passthrough", "kernel-passthrough", "kernel-reads", "local"], action="append")
     ap.add_argument("--no-tmpfs-reference", dest="tmpfs_reference", action="store_false",
                     help="skip the tmpfs reference read of the large files")
     ap.add_argument("--baseline-src", metavar="DIR",
@@ -345,6 +390,10 @@ def main() -> None:
     binary = Passthrough.build(os.path.join(stores, "passthrough_ll"))
     if binary:
         systems.insert(3, Passthrough(tree, os.path.join(stores, "mnt-passthrough"), binary))
+    if os.geteuid() == 0:
+        if KernelPassthrough.kernel_has_passthrough():
+            systems.insert(-1, KernelPassthrough(args.python, tree, os.path.join(stores, "mnt-kernel-passthrough")))
+        systems.insert(-1, KernelPassthrough(args.python, tree, os.path.join(stores, "mnt-kernel-reads"), passthrough=False))
     if args.only:
         systems = [s for s in systems if s.name in args.only]
     if args.baseline_src:
