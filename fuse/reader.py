@@ -24,7 +24,6 @@ from fabric.cache.lru import BytesLRU
 from fabric.cache.packs import PackCache
 from fabric.errors import Corruption
 from fabric.format import frames
-from fabric.format.chunking import chunk_id
 from fabric.format.model import HOLE_ID
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.retry import RetryingPlane
@@ -45,8 +44,9 @@ ZEROS = bytes(1024 * 1024)
 
 
 def chunk_disk_cache(root: str, budget: int) -> PackCache:
-    """The ``--cache-dir`` of a mount: raw chunks in packs, each checked against its id when read back."""
-    return PackCache(root, budget, lambda cid, data: chunk_id(data) == cid)
+    """The ``--cache-dir`` of a mount: raw chunks in packs, put once checked against their ids
+    (:func:`~fabric.format.frames.decode`), checked against their records when read back."""
+    return PackCache(root, budget)
 
 
 class Fetcher:

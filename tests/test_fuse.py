@@ -17,9 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fabric.cache.packs import HEADER, INDEX_RECORD, PackCache
+from fabric.cache.packs import HEADER, INDEX_RECORD, PACKS, PackCache
 from fabric.client.transfer import import_directory
-from fabric.format.chunking import chunk_id
 from testbed.wanproxy import WanProxy
 from tests.fuse_helpers import (
     diff_snapshots,
@@ -279,11 +278,11 @@ def test_cache_dir_serves_a_remount_and_drops_a_damaged_chunk(committed, tmp_pat
         with mounted(wan.url_for(), hub.token, f"{repo}@{commit}", tmp_path / "m1", *opts) as mnt:
             assert not diff_snapshots(want, snapshot(mnt))
         cold = wan.stats().bytes_down
-        packs = sorted((cache / "packs").glob("*.pack"))
+        packs = sorted((cache / PACKS).glob("*.pack"))
         records = sum((p.with_suffix(".idx")).stat().st_size for p in packs) // INDEX_RECORD.size  # sealed at unmount
         chunk_bytes = sum(p.stat().st_size for p in packs) - records * HEADER.size
         assert chunk_bytes == sum(v[2] for v in want.values() if v[0] == "file")  # every chunk
-        _, length, damaged = HEADER.unpack(packs[0].read_bytes()[: HEADER.size])  # the first record's chunk
+        _, length, damaged, _ = HEADER.unpack(packs[0].read_bytes()[: HEADER.size])  # the first record's chunk
         with open(packs[0], "r+b") as f:
             f.seek(HEADER.size + length // 2)
             byte = f.read(1)
@@ -294,5 +293,5 @@ def test_cache_dir_serves_a_remount_and_drops_a_damaged_chunk(committed, tmp_pat
             assert not diff_snapshots(want, snapshot(mnt))
         warm = wan.stats().bytes_down - cold
     assert length <= warm < cold / 4, (warm, cold)
-    again = PackCache(str(cache), 256 << 20, lambda cid, data: chunk_id(data) == cid)
+    again = PackCache(str(cache), 256 << 20)
     assert again.read(damaged) is not None  # fetched again, and cached again intact

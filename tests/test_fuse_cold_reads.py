@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from fabric.cache.lru import BytesLRU
-from fabric.cache.packs import HEADER, INDEX_RECORD
+from fabric.cache.packs import HEADER, INDEX_RECORD, PACKS
 from fabric.client.transfer import import_directory
 from fabric.errors import Corruption
 from fabric.format.frames import HEADER_LEN
@@ -146,9 +146,9 @@ def test_parallel_readers_of_different_files(stored, tmp_path):
 
 def damage_first_chunk(cache) -> bytes:
     """Flip a byte of the first chunk of the first pack of a cache directory; its id."""
-    pack = sorted((cache / "packs").glob("*.pack"))[0]
+    pack = sorted((cache / PACKS).glob("*.pack"))[0]
     raw = bytearray(pack.read_bytes())
-    _, _, cid = HEADER.unpack(raw[: HEADER.size])
+    _, _, cid, _ = HEADER.unpack(raw[: HEADER.size])
     raw[HEADER.size + 100] ^= 1
     pack.write_bytes(raw)
     return cid
@@ -176,7 +176,7 @@ def test_a_chunk_damaged_in_the_cache_and_by_the_server_is_an_error(stored, tmp_
     plane, _, commit, _ = stored
     cache = tmp_path / "cache"
     fill_cache(plane, commit, str(cache))
-    for pack in (cache / "packs").glob("*.pack"):  # every chunk, at its first byte
+    for pack in (cache / PACKS).glob("*.pack"):  # every chunk, at its first byte
         raw = bytearray(pack.read_bytes())
         for _, off, _ in INDEX_RECORD.iter_unpack(pack.with_suffix(".idx").read_bytes()):
             raw[off] ^= 1

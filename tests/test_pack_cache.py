@@ -15,12 +15,9 @@ import pytest
 from fabric.cache import packs
 from fabric.cache.packs import HEADER, PackCache
 from fabric.format.chunking import chunk_id
+from tests.chaos.faults import flip
 
 KiB, MiB = 1024, 1 << 20
-
-
-def verify(cid: bytes, data: memoryview) -> bool:
-    return chunk_id(data) == cid
 
 
 def chunks(n: int, size: int = 64 * KiB, seed: int = 0) -> list[tuple[bytes, bytes]]:
@@ -33,7 +30,7 @@ def chunks(n: int, size: int = 64 * KiB, seed: int = 0) -> list[tuple[bytes, byt
 
 
 def pack_files(root) -> list[str]:
-    d = os.path.join(str(root), "packs")
+    d = os.path.join(str(root), packs.PACKS)
     return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".pack"))
 
 
@@ -43,16 +40,24 @@ def read_all(cache: PackCache, items: list[tuple[bytes, bytes]]) -> dict[bytes, 
     return {cid: bytes(buf) for cid, buf in bufs if cid in served}
 
 
+def assert_served_all_but(cache: PackCache, items: list[tuple[bytes, bytes]], victim: int) -> None:
+    """Every chunk of ``items`` comes back intact but the damaged one, counted once."""
+    got = read_all(cache, items)
+    assert set(got) == {cid for cid, _ in items} - {items[victim][0]}
+    assert all(got[cid] == data for cid, data in items if cid in got)
+    assert cache.stats()["cache_corruptions"] == 1
+
+
 def filled(root, items: list[tuple[bytes, bytes]], budget: int = 64 * MiB) -> PackCache:
     """A cache in ``root`` holding ``items`` (its last pack still being written)."""
-    cache = PackCache(str(root), budget, verify)
+    cache = PackCache(str(root), budget)
     for cid, data in items:
         cache.put(cid, data)
     return cache
 
 
 def test_chunks_come_back_whole_and_checked_in_one_request(tmp_path) -> None:
-    cache = PackCache(str(tmp_path), 64 * MiB, verify)
+    cache = PackCache(str(tmp_path), 64 * MiB)
     items = chunks(40, seed=1) + chunks(3, size=200 * KiB, seed=2)
     for cid, data in items:
         assert cache.put(cid, data)
@@ -79,11 +84,11 @@ def test_a_restart_keeps_every_chunk_whether_closed_or_not(tmp_path) -> None:
     filled(tmp_path, items, 16 * MiB)  # packs of 1 MiB: several sealed, one open
     assert len(pack_files(tmp_path)) > 2
     # Not closed (a crash): the open pack has no index and is scanned.
-    again = PackCache(str(tmp_path), 16 * MiB, verify)
+    again = PackCache(str(tmp_path), 16 * MiB)
     assert read_all(again, items) == dict(items)
     again.close()
     assert all(os.path.exists(p[: -len("pack")] + "idx") for p in pack_files(tmp_path))
-    third = PackCache(str(tmp_path), 16 * MiB, verify)
+    third = PackCache(str(tmp_path), 16 * MiB)
     assert read_all(third, items) == dict(items)
     assert third.stats()["cache_corruptions"] == 0
 
@@ -95,8 +100,8 @@ def test_a_torn_record_at_the_end_is_cut_off(tmp_path) -> None:
     whole = os.path.getsize(last)
     torn, data = chunks(1, seed=7)[0]
     with open(last, "ab") as f:  # a header and half a chunk: the process died mid-append
-        f.write(HEADER.pack(packs.MAGIC, len(data), torn) + data[: len(data) // 2])
-    again = PackCache(str(tmp_path), 64 * MiB, verify)
+        f.write(HEADER.pack(packs.MAGIC, len(data), torn, 0) + data[: len(data) // 2])
+    again = PackCache(str(tmp_path), 64 * MiB)
     assert os.path.getsize(last) == whole
     assert torn not in again
     assert read_all(again, items) == dict(items)
@@ -109,11 +114,11 @@ def test_an_index_that_does_not_fit_its_pack_is_rebuilt_from_the_headers(tmp_pat
     (pack,) = pack_files(tmp_path)
     with open(pack[: -len("pack")] + "idx", "r+b") as f:
         f.truncate(17)  # not a whole number of index records
-    with open(os.path.join(str(tmp_path), "packs", "00000099.idx"), "wb") as f:
+    with open(os.path.join(str(tmp_path), packs.PACKS, "00000099.idx"), "wb") as f:
         f.write(b"an index without its pack")
-    again = PackCache(str(tmp_path), 64 * MiB, verify)
+    again = PackCache(str(tmp_path), 64 * MiB)
     assert read_all(again, items) == dict(items)
-    assert not os.path.exists(os.path.join(str(tmp_path), "packs", "00000099.idx"))
+    assert not os.path.exists(os.path.join(str(tmp_path), packs.PACKS, "00000099.idx"))
 
 
 def test_a_damaged_chunk_is_dropped_counted_and_cached_again(tmp_path) -> None:
@@ -121,21 +126,14 @@ def test_a_damaged_chunk_is_dropped_counted_and_cached_again(tmp_path) -> None:
     cache = filled(tmp_path, items)
     (pack,) = pack_files(tmp_path)
     victim = 3
-    at = (HEADER.size + 64 * KiB) * victim + HEADER.size + 1000
-    with open(pack, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)
-        f.seek(at)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    got = read_all(cache, items)
-    assert set(got) == {cid for cid, _ in items} - {items[victim][0]}
-    assert all(got[cid] == data for cid, data in items if cid in got)
-    assert cache.stats()["cache_corruptions"] == 1 and items[victim][0] not in cache
+    flip(pack, (HEADER.size + 64 * KiB) * victim + HEADER.size + 1000)
+    assert_served_all_but(cache, items, victim)
+    assert items[victim][0] not in cache
     assert cache.put(*items[victim])
     assert cache.read(items[victim][0]) == items[victim][1]
     cache.close()
     # A restart indexes both copies; the later (good) one wins.
-    again = PackCache(str(tmp_path), 64 * MiB, verify)
+    again = PackCache(str(tmp_path), 64 * MiB)
     assert read_all(again, items) == dict(items)
     assert again.stats()["cache_corruptions"] == 0
 
@@ -158,7 +156,7 @@ def test_the_budget_holds_and_eviction_goes_by_pack(tmp_path) -> None:
 def test_a_cyclic_scan_larger_than_the_cache_keeps_hitting(tmp_path) -> None:
     """Plain LRU (or FIFO) would hit nothing on a loop over 1.5x the budget."""
     budget = 8 * MiB
-    cache = PackCache(str(tmp_path), budget, verify)
+    cache = PackCache(str(tmp_path), budget)
     data = chunks(180, seed=11)  # 11.25 MiB
     hits = []
     for _ in range(4):
@@ -173,13 +171,30 @@ def test_a_cyclic_scan_larger_than_the_cache_keeps_hitting(tmp_path) -> None:
     assert min(hits[2:]) >= len(data) * 0.4, hits
 
 
-def test_old_chunk_files_are_removed(tmp_path) -> None:
+def test_old_chunk_files_and_packs_without_checksums_are_removed(tmp_path) -> None:
     (tmp_path / "ab").mkdir()
     (tmp_path / "ab" / ("ab" * 32)).write_bytes(b"old layout")
+    items = chunks(3, seed=21)
+    (tmp_path / "packs").mkdir()  # FCK1: 40-byte headers, no checksum
+    (tmp_path / "packs" / "00000000.pack").write_bytes(b"".join(b"FCK1" + len(d).to_bytes(4, "little") + cid + d for cid, d in items))
     (tmp_path / "keep").mkdir()
-    PackCache(str(tmp_path), 64 * MiB, verify).close()
-    assert not (tmp_path / "ab").exists()
-    assert (tmp_path / "keep").exists()  # not a name of the old layout
+    cache = PackCache(str(tmp_path), 64 * MiB)
+    assert not (tmp_path / "ab").exists() and not (tmp_path / "packs").exists()
+    assert (tmp_path / "keep").exists()  # not a name of an old layout
+    assert read_all(cache, items) == {} and cache.stats()["cache_entries"] == 0
+
+
+@pytest.mark.parametrize("field", ["checksum", "id", "length", "magic"])
+def test_a_chunk_whose_record_header_does_not_match_is_not_served(tmp_path, field) -> None:
+    """Every chunk read back is checked against its record: a header damaged in any field
+    (or bytes that do not hash to its checksum) make it a miss, counted, never served."""
+    items = chunks(4, seed=22)
+    cache = filled(tmp_path, items)
+    (pack,) = pack_files(tmp_path)
+    victim = 2
+    flip(pack, (HEADER.size + 64 * KiB) * victim + {"magic": 0, "length": 4, "id": 8, "checksum": 40}[field])
+    assert_served_all_but(cache, items, victim)
+    assert cache.read(items[victim][0]) is None
 
 
 def _tmpfs(path) -> None:
@@ -193,14 +208,14 @@ def test_a_full_disk_caches_nothing_more_and_serves_what_it_has(tmp_path) -> Non
     root = tmp_path / "small"
     _tmpfs(root)
     try:
-        cache = PackCache(str(root), 64 * MiB, verify)  # a budget far beyond the disk
+        cache = PackCache(str(root), 64 * MiB)  # a budget far beyond the disk
         items = chunks(20, seed=12)  # 1.25 MiB
         kept = [item for item in items if cache.put(*item)]
         assert 0 < len(kept) < len(items)
         assert read_all(cache, items) == dict(kept)
         assert cache.stats()["cache_corruptions"] == 0
         cache.close()
-        assert read_all(PackCache(str(root), 64 * MiB, verify), items) == dict(kept)
+        assert read_all(PackCache(str(root), 64 * MiB), items) == dict(kept)
     finally:
         subprocess.run(["umount", "-l", str(root)], check=False)
 
@@ -208,8 +223,8 @@ def test_a_full_disk_caches_nothing_more_and_serves_what_it_has(tmp_path) -> Non
 WRITER = """
 import itertools, sys
 from fabric.cache.packs import PackCache
-from tests.test_pack_cache import chunks, verify
-cache = PackCache(sys.argv[1], 1 << 30, verify)
+from tests.test_pack_cache import chunks
+cache = PackCache(sys.argv[1], 1 << 30)
 print("ready", flush=True)
 for group in itertools.count():
     for cid, data in chunks(16, seed=group):
@@ -227,7 +242,7 @@ def test_kill_9_mid_append_leaves_a_cache_that_serves_a_prefix_of_the_writes(tmp
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-    cache = PackCache(root, 1 << 30, verify)
+    cache = PackCache(root, 1 << 30)
     written = [item for group in range(cache.stats()["cache_entries"] // 16 + 2) for item in chunks(16, seed=group)]
     got = read_all(cache, written)
     kept = len(got)
@@ -241,7 +256,7 @@ def test_readers_writers_and_eviction_at_once_serve_only_right_bytes(tmp_path) -
     """Packs sealed, evicted and deleted under readers: a read gets the right bytes or a miss."""
     from concurrent.futures import ThreadPoolExecutor
 
-    cache = PackCache(str(tmp_path), 6 * MiB, verify)  # packs of 1 MiB, constant eviction
+    cache = PackCache(str(tmp_path), 6 * MiB)  # packs of 1 MiB, constant eviction
     items = chunks(300, seed=14)  # 19 MiB
     stop = time.monotonic() + 3
 

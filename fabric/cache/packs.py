@@ -7,18 +7,25 @@ chunks are appended, in the order they arrive, to *packs*. The chunks of a file 
 order lie next to each other, and the whole chunks a kernel read request covers come back
 with one ``O_DIRECT`` read.
 
-- **Layout**: ``packs/NNNNNNNN.pack``, numbered in the order they were started. A pack is a
-  sequence of records: a 40-byte header (magic ``FCK1``, the chunk's length as u32
-  little-endian, the chunk's 32-byte id), then the chunk. A pack is *sealed* at
+- **Layout**: ``packs2/NNNNNNNN.pack``, numbered in the order they were started. A pack is a
+  sequence of records: a 48-byte header (magic ``FCK2``, the chunk's length as u32
+  little-endian, the chunk's 32-byte id, the xxh3-64 of its bytes as u64 little-endian),
+  then the chunk. A pack is *sealed* at
   ``pack_bytes``: its index (``NNNNNNNN.idx``: id, offset, length of each record) is
   written beside it, and it is never written again.
 - **Index**: in memory, chunk id -> (pack, offset, length). Start-up rebuilds it from the
   ``.idx`` files, and from the records' headers for a pack without a valid one (the pack
   being written when the process ended: a torn record at its end is cut off, and the pack
   is sealed). Nothing is fsynced: this is a cache, and every chunk read back is checked.
-- **Verification**: ``verify(id, data)`` runs on every chunk read back. A damaged one is
-  dropped from the index (counted in ``cache_corruptions``) and the caller fetches it
-  again; its bytes stay in their pack until the pack goes.
+- **Verification**: a chunk is put only once its caller has checked it against its id
+  (BLAKE3). Every chunk read back is checked against its record's header: magic, length,
+  id, and the xxh3 of its bytes, as a frame's checksum guards the spoke's cache and the wire
+  (DESIGN.md §2: corruption at rest is caught cheaply; xxh3 costs a tenth of BLAKE3, which
+  was a fifth of a mount's CPU in a cold cached read). A damaged one is dropped from the
+  index (counted in ``cache_corruptions``) and the caller fetches it again; its bytes stay
+  in their pack until the pack goes. Like a spoke's own cache, the directory is trusted not
+  to be written by anyone else (it is locked, and created with the mount's umask); a
+  directory that is not the mount's own (``--spoke-cache``) is checked against ids instead.
 - **Budget and eviction, by pack**: the packs' sizes stay within ``budget``. The policy is
   the chunk cache's (:mod:`fabric.cache.disk`) at the grain of packs: a sealed pack enters a
   *window* (10% of the budget, at least two packs); when the window overflows, its oldest
@@ -45,13 +52,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import xxhash
+
 from fabric.util.direct_io import DirectReader
 from fabric.util.dirlock import DirLock
 
 log = logging.getLogger("fabric.cache")
 
-MAGIC = b"FCK1"
-HEADER = struct.Struct("<4sI32s")
+MAGIC = b"FCK2"
+HEADER = struct.Struct("<4sI32sQ")
+#: Where the packs live under the cache directory; ``OLD_LAYOUTS`` are removed at start-up.
+PACKS = "packs2"
+OLD_LAYOUTS = ("packs",)  # records without a checksum (FCK1)
 INDEX_RECORD = struct.Struct("<32sII")
 #: A pack is sealed at this size (smaller for a small budget: the window holds several).
 PACK_BYTES = 64 * 1024 * 1024
@@ -78,13 +90,12 @@ class _Pack:
 
 
 class PackCache:
-    def __init__(self, root: str, budget: int, verify: Callable[[bytes, memoryview], bool]) -> None:
+    def __init__(self, root: str, budget: int) -> None:
         self.root = root
         self.budget = budget
-        self.dir = os.path.join(root, "packs")
+        self.dir = os.path.join(root, PACKS)
         self.pack_bytes = max(MIN_PACK_BYTES, min(PACK_BYTES, budget // 20))
         self.window_cap = max(int(budget * WINDOW_FRACTION), 2 * self.pack_bytes)
-        self._verify = verify
         self._lock = threading.Lock()  # the index, the packs, the segments, the counters
         self._writing = threading.Lock()  # appends, one at a time (taken before _lock)
         self._index: dict[bytes, Location] = {}
@@ -122,7 +133,7 @@ class PackCache:
 
     def _load(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
-        self._remove_chunk_files()
+        self._remove_old_layouts()
         names = set(os.listdir(self.dir))
         numbers = []
         for name in names:
@@ -150,13 +161,13 @@ class PackCache:
         self._next = max(numbers, default=-1) + 1
         self._shrink()
 
-    def _remove_chunk_files(self) -> None:
-        """Chunk files of the layout before packs (``XX/<id>``): removed, not read."""
-        old = [n for n in os.listdir(self.root) if len(n) == 2 and all(c in "0123456789abcdef" for c in n)]
+    def _remove_old_layouts(self) -> None:
+        """Chunk files of the layout before packs (``XX/<id>``) and packs without checksums: removed, not read."""
+        old = [n for n in os.listdir(self.root) if (len(n) == 2 and all(c in "0123456789abcdef" for c in n)) or n in OLD_LAYOUTS]
         for name in old:
             shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
         if old:
-            log.info("cache directory %s: removed the chunk files of an older layout (chunks now live in packs)", self.root)
+            log.info("cache directory %s: removed the chunks of an older layout (chunks now live in %s)", self.root, PACKS)
 
     def _read_index(self, number: int, size: int) -> list[tuple[bytes, int, int]] | None:
         """A pack's ``.idx``, or None when it is missing or does not fit the pack (of ``size`` bytes)."""
@@ -179,7 +190,7 @@ class PackCache:
         try:
             off = 0
             while off + HEADER.size <= size:
-                magic, n, cid = HEADER.unpack(os.pread(fd, HEADER.size, off))
+                magic, n, cid, _ = HEADER.unpack(os.pread(fd, HEADER.size, off))
                 if magic != MAGIC or not 0 < n <= MAX_CHUNK or off + HEADER.size + n > size:
                     break
                 records.append((cid, off + HEADER.size, n))
@@ -242,7 +253,7 @@ class PackCache:
                 return False
             off = pack.size
             try:
-                self._write_all([HEADER.pack(MAGIC, n, cid), data], off)
+                self._write_all([HEADER.pack(MAGIC, n, cid, xxhash.xxh3_64_intdigest(data)), data], off)
             except OSError as exc:
                 self._write_failed(f"chunk {cid.hex()}", exc)
                 self._cut(off)
@@ -382,7 +393,7 @@ class PackCache:
         wanted = list(ids)
         served: set[bytes] = set()
         for number, run in self._runs(wanted):
-            start, end = run[0][1], run[-1][1] + run[-1][2]
+            start, end = run[0][1] - HEADER.size, run[-1][1] + run[-1][2]  # the first record's header too
             try:
                 view = self._reader.read(self._path(number), start, end - start)
             except FileNotFoundError:
@@ -393,7 +404,7 @@ class PackCache:
             read = 0
             for cid, off, n in run:
                 piece = view[off - start : off - start + n]
-                if len(piece) != n or not self._verify(cid, piece):
+                if len(piece) != n or not _intact(view, off - start, cid, piece):
                     self._drop_damaged(cid, number)
                     continue
                 use(cid, piece)
@@ -443,3 +454,12 @@ class PackCache:
                 self._main_bytes += pack.size
             elif number in self._main:
                 self._main.move_to_end(number)
+
+
+def _intact(view: memoryview, at: int, cid: bytes, piece: memoryview) -> bool:
+    """Whether the record whose chunk bytes ``piece`` start at ``at`` in ``view`` is the one
+    its header says: magic, length and id as the index has them, and the xxh3 of the bytes."""
+    if at < HEADER.size:
+        return False
+    magic, n, stored, digest = HEADER.unpack_from(view, at - HEADER.size)
+    return magic == MAGIC and n == len(piece) and stored == cid and xxhash.xxh3_64_intdigest(piece) == digest
