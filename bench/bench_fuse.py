@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gzip
 import json
 import os
 import random
@@ -66,6 +65,7 @@ from multiprocessing import Pool
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import FABRIC_SRC, MB, drop_page_cache, fabric_env, machine, median, remove, save_json, unmount
+from kernel_passthrough import kernel_has_passthrough
 
 GIB = 1024**3
 MIB = 1024**2
@@ -268,15 +268,6 @@ class KernelPassthrough:
             self.cmd.append("--no-passthrough")
         self.proc: subprocess.Popen | None = None
 
-    @staticmethod
-    def kernel_has_passthrough() -> bool:
-        """Whether this kernel was built with FUSE passthrough (as far as its config tells)."""
-        try:
-            with gzip.open("/proc/config.gz", "rt") as f:
-                return "CONFIG_FUSE_PASSTHROUGH=y" in f.read()
-        except OSError:
-            return False
-
     def mount(self) -> str:
         os.makedirs(self.mp, exist_ok=True)
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL)
@@ -391,7 +382,7 @@ def main() -> None:
     if binary:
         systems.insert(3, Passthrough(tree, os.path.join(stores, "mnt-passthrough"), binary))
     if os.geteuid() == 0:
-        if KernelPassthrough.kernel_has_passthrough():
+        if kernel_has_passthrough():
             systems.insert(-1, KernelPassthrough(args.python, tree, os.path.join(stores, "mnt-kernel-passthrough")))
         systems.insert(-1, KernelPassthrough(args.python, tree, os.path.join(stores, "mnt-kernel-reads"), passthrough=False))
     if args.only:

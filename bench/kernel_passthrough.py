@@ -30,6 +30,7 @@ import argparse
 import ctypes
 import errno
 import fcntl
+import gzip
 import os
 import stat
 import struct
@@ -69,9 +70,17 @@ FOPEN_KEEP_CACHE, FOPEN_PASSTHROUGH = 1 << 1, 1 << 7
 BACKING_OPEN, BACKING_CLOSE = 0x4010E501, 0x4004E502
 
 
-class FuseError(Exception):
-    def __init__(self, code: int) -> None:
-        self.code = code
+def kernel_has_passthrough() -> bool:
+    """Whether this kernel was built with FUSE passthrough (as far as ``/proc/config.gz`` tells)."""
+    try:
+        with gzip.open("/proc/config.gz", "rt") as f:
+            return "CONFIG_FUSE_PASSTHROUGH=y" in f.read()
+    except OSError:
+        return False
+
+
+def _refuse(code: int) -> OSError:
+    return OSError(code, os.strerror(code))
 
 
 class Server:
@@ -105,14 +114,11 @@ class Server:
                     continue
                 raise
             length, op, unique, nodeid = IN_HEADER.unpack_from(request)[:4]
+            if op in NO_REPLY:
+                continue
             arg = memoryview(request)[IN_HEADER.size : length]
             try:
-                body = self.handle(op, nodeid, arg)
-                if op in NO_REPLY:
-                    continue
-                self._reply(unique, body or b"")
-            except FuseError as exc:
-                self._reply(unique, b"", exc.code)
+                self._reply(unique, self.handle(op, nodeid, arg) or b"")
             except OSError as exc:
                 self._reply(unique, b"", exc.errno or errno.EIO)
             if op == DESTROY:
@@ -131,7 +137,7 @@ class Server:
         if op == LOOKUP:
             name = bytes(arg).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             if name in (".", "..") or "/" in name:
-                raise FuseError(errno.ENOENT)
+                raise _refuse(errno.ENOENT)
             path = os.path.join(self._path(nodeid), name)
             st = self._stat(path)
             with self._lock:
@@ -140,14 +146,12 @@ class Server:
                     child = self._ids[path] = len(self._paths) + 1
                     self._paths[child] = path
             return ENTRY_OUT.pack(child, 0, TTL, TTL, 0, 0) + _attr(child, st)
-        if op in NO_REPLY:
-            return None
         if op == GETATTR:
             return ATTR_OUT.pack(TTL, 0, 0) + _attr(nodeid, self._stat(self._path(nodeid)))
         if op == OPEN:
             flags = OPEN_IN.unpack_from(arg)[0]
             if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
-                raise FuseError(errno.EROFS)
+                raise _refuse(errno.EROFS)
             return self._open(nodeid)
         if op == READ:
             fh, offset, size, _ = READ_IN.unpack_from(arg)
@@ -165,7 +169,7 @@ class Server:
         if op == STATFS:
             s = os.statvfs(self.src)
             return KSTATFS.pack(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize, 255, s.f_frsize, 0)
-        raise FuseError(errno.ENOSYS)
+        raise _refuse(errno.ENOSYS)
 
     # -- operations -------------------------------------------------------------------
     def _init(self, arg: memoryview) -> bytes:
@@ -175,7 +179,7 @@ class Server:
         if self.want_passthrough:
             if not offered & FUSE_PASSTHROUGH:
                 print(f"kernel_passthrough: the kernel (FUSE {major}.{minor}) does not offer passthrough", file=sys.stderr)
-                raise FuseError(errno.EPROTO)
+                raise _refuse(errno.EPROTO)
             want |= FUSE_PASSTHROUGH
             self.passthrough = True
         stack_depth = 1 if self.passthrough else 0
@@ -223,13 +227,13 @@ class Server:
         with self._lock:
             path = self._paths.get(nodeid)
         if path is None:
-            raise FuseError(errno.ESTALE)
+            raise _refuse(errno.ESTALE)
         return path
 
     def _stat(self, path: str) -> os.stat_result:
         st = os.lstat(os.path.join(self.src, path))
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-            raise FuseError(errno.ENOENT)  # links and special files are not served
+            raise _refuse(errno.ENOENT)  # links and special files are not served
         return st
 
 

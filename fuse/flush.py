@@ -16,7 +16,6 @@ that is away, or refuses the token, ends the flush at the first file (every reco
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -110,12 +109,4 @@ def _stage(journal: Journal, record: Record, plane: DataPlane, durability: str |
 def _entry(record: Record, fd: int, plane: DataPlane) -> Entry:
     """The file's entry, as a mount that took the record over would stage it, its chunks
     stored at the server."""
-    sink = plane.chunk_sink(record.repo)
-    try:
-        entry = WFile.recovered(record, fd, "", None).build_entry(sink)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            sink.close()
-        raise
-    sink.close()
-    return entry
+    return WFile.recovered(record, fd, "", None).upload(plane, record.repo)

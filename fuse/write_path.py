@@ -278,10 +278,7 @@ class WritePath:
                 streamed = wf.streamed_entry() if streamed_ok else None
                 if streamed is not None:
                     return streamed
-                sink = plane.chunk_sink(st.repo)
-                entry = wf.build_entry(sink)
-                sink.close()
-                return entry
+                return wf.upload(plane, st.repo)
 
             try:
                 entry = st.plane.retried(upload)

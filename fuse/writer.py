@@ -20,6 +20,7 @@ version opened for writing again keeps them as holes of the local file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -33,6 +34,7 @@ from fuse.reader import FileReader
 from fuse.streaming import ContentStream
 
 if TYPE_CHECKING:
+    from fabric.plane.dataplane import DataPlane
     from fuse.journal import Record
 
 #: The MD5 of no bytes: the ETag of an empty file.
@@ -306,13 +308,22 @@ class WFile:
         self._forget_broken_stream()
         return None if streamed is None else self._entry(*streamed)
 
-    def build_entry(self, sink) -> Entry:
-        """Chunk the local content into ``sink`` (not closed here) and return the file entry."""
+    def upload(self, plane: DataPlane, repo: str) -> Entry:
+        """Chunk the local content into a chunk sink of ``plane`` for ``repo`` (closed after,
+        also when chunking fails) and return the file entry, its chunks stored at the server."""
         if self.fd is None:
             return self.attrs_entry()
         if self.size == 0:
             return self._entry([], EMPTY_MD5)
-        return self._entry(*ingest_runs(file_runs(self.fd, self.size), sink))
+        sink = plane.chunk_sink(repo)
+        try:
+            chunks, md5 = ingest_runs(file_runs(self.fd, self.size), sink)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                sink.close()
+            raise
+        sink.close()
+        return self._entry(chunks, md5)
 
     def _entry(self, chunks: list[tuple[bytes, int]], md5: str) -> Entry:
         return Entry(

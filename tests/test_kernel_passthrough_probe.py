@@ -5,7 +5,6 @@ nothing outside the directory."""
 from __future__ import annotations
 
 import errno
-import gzip
 import os
 import subprocess
 import sys
@@ -13,15 +12,12 @@ import time
 
 import pytest
 
+from bench.kernel_passthrough import kernel_has_passthrough
+
 PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "kernel_passthrough.py")
 
 
-def _kernel_has_passthrough() -> bool:
-    with gzip.open("/proc/config.gz", "rt") as f:
-        return "CONFIG_FUSE_PASSTHROUGH=y" in f.read()
-
-
-MODES = ["reads"] + (["passthrough"] if os.path.exists("/proc/config.gz") and _kernel_has_passthrough() else [])
+MODES = ["reads"] + (["passthrough"] if kernel_has_passthrough() else [])
 
 
 @pytest.mark.parametrize("mode", MODES)
