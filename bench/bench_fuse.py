@@ -12,6 +12,11 @@ The same files several ways, side by side in one run:
 - ``fabric-cached``: the same mount with ``--cache-dir``, a directory filled by one
   read of every file before the rounds: a locally cached commit (a fresh mount process
   per round; the chunks come from the local disk, the hub serves only metadata);
+- ``fabric-passthrough``: ``fabric-cached`` with ``--passthrough`` (root only): the fill also
+  leaves a plain copy of each large file in the cache directory (half its size bound), and
+  the mount, served without libfuse, hands the kernel those copies at open;
+- ``local-copies`` (with ``fabric-passthrough``): the copies that mount's kernel reads, read
+  directly (large rows): the local read of the very files it reads;
 - ``passthrough``: libfuse's own C example ``passthrough_ll`` over the local directory,
   built from the libfuse3-dev examples when they are installed: what a FUSE mount that
   serves reads in user space costs at best on this machine (one copy fewer than fabric: it
@@ -65,7 +70,7 @@ from multiprocessing import Pool
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import FABRIC_SRC, MB, drop_page_cache, fabric_env, machine, median, remove, save_json, unmount
-from kernel_passthrough import kernel_has_passthrough
+from kernel_passthrough import P
 
 GIB = 1024**3
 MIB = 1024**2
@@ -218,6 +223,28 @@ class FabricCached(Fabric):
             self.unmount()
 
 
+class FabricPassthrough(FabricCached):
+    """:class:`FabricCached` with ``--passthrough``: the fill leaves a plain copy of each large
+    file in the cache directory, which the kernel then reads itself (root only)."""
+
+    name = "fabric-passthrough"
+
+    def __init__(self, python: str, hub_url: str, token: str, target: str, mp: str, log: str, cache: str, size: int) -> None:
+        super().__init__(python, hub_url, token, target, mp, log, cache, size)
+        self.cmd.append("--passthrough")
+        self.cache = cache
+
+    def copies(self, out: str) -> str:
+        """A directory whose ``large/`` holds hard links to the copies the fill left: the files
+        this mount's kernel reads, to be read directly side by side (see :class:`LocalCopies`)."""
+        large = os.path.join(out, "large")
+        os.makedirs(large)
+        files = os.path.join(self.cache, "files")
+        for i, path in enumerate(sorted(os.path.join(d.path, f) for d in os.scandir(files) if d.name != "partial" for f in os.listdir(d.path))):
+            os.link(path, os.path.join(large, f"copy{i}.bin"))
+        return out
+
+
 class Passthrough:
     """libfuse's example passthrough_ll (C, low-level API, splice) over the local directory."""
 
@@ -302,6 +329,7 @@ class Rclone:
 
 class Local:
     name = "local"
+    small = True  # measured on the small files too
 
     def __init__(self, src: str) -> None:
         self.src = src
@@ -314,6 +342,16 @@ class Local:
         pass
 
 
+class LocalCopies(Local):
+    """The copies ``fabric-passthrough`` reads, read directly (large rows only). They are newer on
+    the disk than the local directory, which every round reads twice (``local``,
+    ``kernel-passthrough``): on a virtual disk whose host caches what is read often, this is the
+    local read of the same bytes the mount reads."""
+
+    name = "local-copies"
+    small = False
+
+
 # -- main ----------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -324,7 +362,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("--only", choices=["fabric", "fabric-cached", "rclone", "passthrough", "kernel-passthrough", "kernel-reads", "local"], action="append")
+    ap.add_argument("--only", choices=["fabric", "fabric-cached", "fabric-passthrough", "rclone", "passthrough", "kernel-passthrough", "kernel-reads", "local"], action="append")
     ap.add_argument("--no-tmpfs-reference", dest="tmpfs_reference", action="store_false",
                     help="skip the tmpfs reference read of the large files")
     ap.add_argument("--baseline-src", metavar="DIR",
@@ -382,7 +420,9 @@ def main() -> None:
     if binary:
         systems.insert(3, Passthrough(tree, os.path.join(stores, "mnt-passthrough"), binary))
     if os.geteuid() == 0:
-        if kernel_has_passthrough():
+        if P.kernel_has_passthrough():
+            systems.insert(2, FabricPassthrough(args.python, url, token, target, os.path.join(stores, "mnt-fabric-passthrough"),
+                                                os.path.join(stores, "mount-passthrough.log"), os.path.join(stores, "copy-cache"), 2 * data_bytes))
             systems.insert(-1, KernelPassthrough(args.python, tree, os.path.join(stores, "mnt-kernel-passthrough")))
         systems.insert(-1, KernelPassthrough(args.python, tree, os.path.join(stores, "mnt-kernel-reads"), passthrough=False))
     if args.only:
@@ -392,9 +432,12 @@ def main() -> None:
     for s in systems:
         if isinstance(s, FabricCached):
             s.fill()
+    filled = [s for s in systems if isinstance(s, FabricPassthrough) and not s.name.endswith("@base")]
+    systems += [LocalCopies(s.copies(os.path.join(stores, "copies-tree"))) for s in filled]
     parallel = params["large_files"] >= READERS
     rows = ("large_first", "large_second", "large_parallel", "small_first", "small_second")
     results: dict[str, dict[str, list[float]]] = {s.name: {r: [] for r in rows} for s in systems}
+    references = ("rclone", "local", "local-copies") if any(isinstance(s, LocalCopies) for s in systems) else ("rclone", "local")
     dropped = True
     try:
         with Pool(READERS) as pool:
@@ -406,9 +449,10 @@ def main() -> None:
                         dropped &= drop_page_cache()
                         results[s.name]["large_first"].append(large_rate(root))
                         results[s.name]["large_second"].append(large_rate(root))
-                        dropped &= drop_page_cache()
-                        results[s.name]["small_first"].append(small_rate(root, pool))
-                        results[s.name]["small_second"].append(small_rate(root, pool))
+                        if getattr(s, "small", True):
+                            dropped &= drop_page_cache()
+                            results[s.name]["small_first"].append(small_rate(root, pool))
+                            results[s.name]["small_second"].append(small_rate(root, pool))
                     finally:
                         s.unmount()
                     if parallel:  # on a fresh mount: nothing of the rows above in its memory
@@ -455,15 +499,15 @@ def main() -> None:
         f"Data: {params['large_files']} x {params['large_size'] // MIB} MiB incompressible files; {params['small_files']} x 100 KiB files "
         f"(directories of 1,000). {args.runs} rounds, medians; caches dropped before first reads: {'yes' if dropped else 'NO'}.",
         "",
-        "| row | unit | " + " | ".join(names) + " | " + " | ".join(f"{f} / {o}" for f in fabrics for o in ("rclone", "local")) + " |",
-        "|---|---|" + "---:|" * (len(names) + 2 * len(fabrics)),
+        "| row | unit | " + " | ".join(names) + " | " + " | ".join(f"{f} / {o}" for f in fabrics for o in references) + " |",
+        "|---|---|" + "---:|" * (len(names) + len(references) * len(fabrics)),
     ]
     for r in rows:
         if not any(r in med.get(n, {}) for n in names):
             continue
         unit = "MB/s" if r.startswith("large") else "files/s"
         figures = [_figure(med[n].get(r)) for n in names]
-        ratios = [_ratio(med[f].get(r), med.get(o, {}).get(r)) for f in fabrics for o in ("rclone", "local")]
+        ratios = [_ratio(med[f].get(r), med.get(o, {}).get(r)) for f in fabrics for o in references]
         md.append(f"| {r.replace('_', ' ')} | {unit} | " + " | ".join(figures + ratios) + " |")
     if tmpfs_rates:
         t = median(tmpfs_rates)

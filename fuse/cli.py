@@ -54,6 +54,13 @@ caches, so a second epoch is served from memory. A branch follows its head
 with close-to-open coherence (each open/ls sees every change completed
 before it); it is read-only unless --rw.
 
+With --passthrough (a commit or tag with --cache-dir, as root, on Linux
+6.9+), each file of 1 MiB or more read whole through the mount is also
+kept as a plain copy in --cache-dir, and later opens of it hand the kernel
+that copy: it is read at the local disk's speed, never through the mount.
+Such a mount is served without libfuse, and every open asks it (more CPU
+for many small files).
+
 With --rw, writes land in local files (--write-dir) and are staged on the
 branch when a file is closed or fsynced, and when it is renamed; other
 changes (mkdir, rm, mv, chmod, chown, touch, ln -s) are staged at once.
@@ -117,6 +124,7 @@ statistics, is at --log-file.
 @click.option("--memory-cache", type=Size(), default="512M", show_default=True, help="Chunks kept in memory.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Also keep chunks on disk here, appended to packs of up to 64 MiB (survives remounts; chunk files of older versions there are removed).")
 @click.option("--cache-size", type=Size(), default="10G", show_default=True, help="Size bound of --cache-dir.")
+@click.option("--passthrough", is_flag=True, help="A commit or tag with --cache-dir, as root: keep a plain copy of each file of 1 MiB or more read whole through the mount in --cache-dir (half of --cache-size), and let the kernel read those copies itself (FUSE passthrough, Linux 6.9+): a second read after the page cache is gone runs at the local disk's speed. Served without libfuse; every open then asks the mount (more CPU for many small files). Without passthrough in the kernel, files are read as usual.")
 @click.option("--spoke-cache", type=click.Path(file_okay=False), help="The --cache directory of the spoke SERVER_URL names, when it runs on this machine: chunks it holds are read from its files, each checked against its id, instead of over HTTP (about half the CPU of a warm read). Read-only; chunks it lacks still come from the spoke.")
 @click.option("--write-dir", type=click.Path(file_okay=False), help="Where files being written are kept until staged (default: a new temporary directory).")
 @click.option("--uid", type=int, default=None, help="Owner shown for entries that record none (default: the mounting user).")
@@ -148,6 +156,7 @@ def mount(
     memory_cache: int,
     cache_dir: str | None,
     cache_size: int,
+    passthrough: bool,
     spoke_cache: str | None,
     write_dir: str | None,
     uid: int | None,
@@ -161,6 +170,7 @@ def mount(
     from fuse.config import MountConfig
     from fuse.mount import (
         check_mountpoint,
+        check_passthrough,
         default_log_path,
         open_plane,
         resolve_target,
@@ -188,7 +198,8 @@ def mount(
         check_mountpoint(mountpoint)
         if spoke_cache:
             SpokeFiles(spoke_cache)
-        resolve_target(open_plane(server_url, token, durability), repo, ref, rw)
+        is_branch = resolve_target(open_plane(server_url, token, durability), repo, ref, rw)[0]
+        check_passthrough(MountConfig(repo, ref, cache_dir=cache_dir, passthrough=passthrough), is_branch, fuse_options)
         log_path = log_file or default_log_path(mountpoint)
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", server_url, target, os.path.abspath(mountpoint)]
         argv += [*_child_options(click.get_current_context()), "--foreground", "--log-file", log_path]
@@ -210,6 +221,7 @@ def mount(
         memory_cache=memory_cache,
         cache_dir=cache_dir,
         cache_size=cache_size,
+        passthrough=passthrough,
         spoke_cache=spoke_cache,
         write_dir=write_dir,
         commit_interval=commit_interval,

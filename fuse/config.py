@@ -28,4 +28,5 @@ class MountConfig:
     writeback_backlog: int = 4 * 1024**3  # at most this many bytes parked; beyond, fsync stages inline
     stream_writes: bool = True  # chunk and send files written in order while they are written
     fetch_workers: int = 4
+    passthrough: bool = False  # serve on the kernel's protocol, files with a copy in cache_dir read by the kernel (fuse/kernel)
     job: str | None = None  # FABRIC_JOB: the job the mount reads for (a spoke learns its opens, fuse/opens.py)

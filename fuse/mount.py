@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from fabric.errors import BadRequest, FabricError
 from fabric.util.jsonfile import write_json
@@ -32,6 +33,9 @@ from fabric.util.processes import process_alive
 from fuse.config import MountConfig
 from fuse.fs import FabricFS
 from fuse.libfuse import MAX_THREADS, FabricFUSE
+
+if TYPE_CHECKING:
+    from fuse.kernel.immutable import ImmutableMount
 
 log = logging.getLogger("fabric.fuse")
 
@@ -84,6 +88,20 @@ def resolve_target(plane, repo: str, ref: str, writable: bool) -> tuple[bool, st
     return is_branch, commit_id, plane.get_commit(repo, commit_id).time
 
 
+def check_passthrough(cfg: MountConfig, is_branch: bool, fuse_options: dict | None = None) -> None:
+    """Errors a person can act on for ``--passthrough`` (:mod:`fuse.kernel`)."""
+    if not cfg.passthrough:
+        return
+    if is_branch:
+        raise BadRequest(f"--passthrough serves a commit or tag (immutable): {cfg.ref!r} is a branch")
+    if not cfg.cache_dir:
+        raise BadRequest("--passthrough needs --cache-dir: the kernel reads plain copies of the files kept there")
+    if os.geteuid() != 0:
+        raise BadRequest("--passthrough needs root: only CAP_SYS_ADMIN may mount without fusermount and hand the kernel backing files")
+    if fuse_options:
+        raise BadRequest("--passthrough takes no -o options (they are libfuse's, which it does without)")
+
+
 def check_mountpoint(mountpoint: str) -> str:
     mp = os.path.realpath(mountpoint)
     if _stale(mp):
@@ -134,6 +152,7 @@ def run_foreground(
         mp = check_mountpoint(mountpoint)
         plane = open_plane(server, token, cfg.durability)
         is_branch, commit_id, commit_time = resolve_target(plane, cfg.repo, cfg.ref, cfg.writable)
+        check_passthrough(cfg, is_branch, fuse_options)
         # Opens the cache directory too: one held by another mount is refused here, with its pid.
         fs = FabricFS(plane, cfg, branch=is_branch, commit_id=commit_id, commit_time=commit_time)
         if fs.writes.writeback is not None:
@@ -167,14 +186,17 @@ def run_foreground(
             report(f"error: {exc}")
 
     fs.on_ready = ready
+    with contextlib.suppress(OSError):
+        os.unlink(stats_path(mp))  # an earlier mount's at this mount point
     stop = threading.Event()
+    kernel: list = []  # the mount served on the kernel's protocol (--passthrough), once made
 
     def stats_loop() -> None:
         # Every second: a JSON snapshot next to the state file; every stats_interval: a log report.
         last = time.monotonic()
         while not stop.wait(1.0):
             try:
-                write_stats(mp, fs)
+                write_stats(mp, fs, kernel[0] if kernel else None)
             except OSError:
                 pass
             if stats_interval > 0 and time.monotonic() - last >= stats_interval:
@@ -193,15 +215,20 @@ def run_foreground(
         options["allow_other"] = True
     options.update(fuse_options or {})
     try:
-        FabricFUSE(fs, mp, raw_fi=True, foreground=True, **options)
-    except RuntimeError as exc:
+        if cfg.passthrough:
+            from fuse.kernel.immutable import serve
+
+            serve(fs, mp, options["fsname"], allow_other=allow_other, serving=kernel.append)
+        else:
+            FabricFUSE(fs, mp, raw_fi=True, foreground=True, **options)
+    except (RuntimeError, OSError) as exc:
         report(f"error: the kernel refused the mount at {mp} ({exc}); see the log {_log_file() or ''}")
         raise BadRequest(f"mount at {mp} failed ({exc})") from None
     finally:
         stop.set()
         report("error: the mount process stopped before the mount was ready")
         try:
-            write_stats(mp, fs)
+            write_stats(mp, fs, kernel[0] if kernel else None)
             if (read_state(mp) or {}).get("pid") == os.getpid():
                 os.unlink(state_path(mp))
         except OSError:
@@ -212,7 +239,9 @@ def stats_path(mountpoint: str) -> str:
     return os.path.join(state_dir(), _key(mountpoint) + ".stats.json")
 
 
-def write_stats(mountpoint: str, fs: FabricFS) -> None:
+def write_stats(mountpoint: str, fs: FabricFS, kernel: ImmutableMount | None = None) -> None:
+    """The mount's counters as JSON beside its state file (``kernel``: the mount served on the
+    kernel's protocol, with its passthrough counters)."""
     data = {
         "ops": fs.stats.snapshot(),
         "read_bytes": fs.reads.read_bytes,
@@ -227,6 +256,7 @@ def write_stats(mountpoint: str, fs: FabricFS) -> None:
         "unstaged_files": sum(1 for w in list(fs.state.files.values()) if w.dirty),
         "streamed_writes": fs.state.streams.snapshot() if fs.state.streams is not None else None,
         "writeback": fs.writes.writeback.snapshot() if fs.writes.writeback is not None else None,
+        "kernel": kernel.snapshot() if kernel is not None else None,
     }
     write_json(stats_path(mountpoint), data)
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from bench.kernel_passthrough import kernel_has_passthrough
+from fuse.kernel.protocol import kernel_has_passthrough
 
 PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "kernel_passthrough.py")
 
