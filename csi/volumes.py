@@ -148,6 +148,7 @@ class MountOptions:
     commit_interval: str = ""
     commit_on_unmount: bool = False
     writeback: bool = False
+    passthrough: bool = False
 
     def mount_args(self, cache_dir: str, write_dir: str | None = None) -> list[str]:
         """``cache-size`` keeps chunks on the node's disk, in ``cache_dir``, up to that size;
@@ -157,6 +158,8 @@ class MountOptions:
             args += ["--cache-dir", cache_dir, "--cache-size", self.cache_size]
         if self.writeback and write_dir:
             args += ["--writeback", "--write-dir", write_dir]
+        if self.passthrough:
+            args.append("--passthrough")
         if self.commit_interval:
             args += ["--commit-interval", self.commit_interval]
         if self.commit_on_unmount:
@@ -166,7 +169,7 @@ class MountOptions:
 
 def parse_mount_flags(flags: list[str]) -> MountOptions:
     """``ro``, ``durability=…``, ``cache-size=…``, ``commit-interval=…``, ``commit-on-unmount``,
-    ``writeback``."""
+    ``writeback``, ``passthrough`` (with ``cache-size``)."""
     values: dict = {}
     for flag in flags:
         for item in flag.split(","):
@@ -185,9 +188,13 @@ def parse_mount_flags(flags: list[str]) -> MountOptions:
                 values["commit_on_unmount"] = True
             elif key == "writeback" and not eq:
                 values["writeback"] = True
+            elif key == "passthrough" and not eq:
+                values["passthrough"] = True
             else:
                 raise VolumeError(
                     f"mount option {item.strip()!r}: fabric volumes take ro, durability=local|replicated|hub, "
-                    "cache-size=SIZE, commit-interval=SECONDS, commit-on-unmount and writeback"
+                    "cache-size=SIZE, commit-interval=SECONDS, commit-on-unmount, writeback and passthrough"
                 )
+    if values.get("passthrough") and not values.get("cache_size"):
+        raise VolumeError("mount option passthrough needs cache-size=SIZE: the files the kernel reads are copies on the node's disk")
     return MountOptions(**values)

@@ -57,7 +57,8 @@ before it); it is read-only unless --rw.
 With --passthrough (a commit or tag with --cache-dir, as root, on Linux
 6.9+), each file of 1 MiB or more read whole through the mount is also
 kept as a plain copy in --cache-dir, and later opens of it hand the kernel
-that copy: it is read at the local disk's speed, never through the mount.
+that copy: it is read at the local disk's speed, never through the mount
+(each copy is read whole and checked once per mount, at its first open).
 Such a mount is served without libfuse, and every open asks it (more CPU
 for many small files).
 

@@ -28,7 +28,10 @@ from fabric.format.model import SYMLINK, Entry
 from fabric.util.dirlock import lock_holder
 from fabric.util.processes import process_alive
 from fuse.journal import Journal, Record
+from fuse.kernel.protocol import kernel_has_passthrough
+from fuse.mount import read_stats
 from testbed.wanproxy import WanProxy
+from tests.ci_requirements import requires
 from tests.csi_driver import CsiDriver
 from tests.fuse_helpers import needs_fuse
 from tests.spokeserver import start_spoke, wait_for
@@ -197,6 +200,36 @@ def test_static_read_only_volume_of_a_tag(hub, repo, driver, tmp_path):
     # A token that cannot read the repository learns nothing of it.
     assert code_of(driver.node.NodePublishVolume, _publish_request(target, hub, f"{repo}@v1", ROX, token="not-a-token")) == grpc.StatusCode.UNAUTHENTICATED
     assert not os.path.exists(target) and Mounts(driver.state).all() == []
+
+
+@requires(None if os.geteuid() == 0 and kernel_has_passthrough() else "FUSE passthrough needs root and CONFIG_FUSE_PASSTHROUGH")
+def test_a_passthrough_volume_of_a_tag_reads_a_file_the_second_time_from_its_copy(hub, repo, driver, tmp_path, monkeypatch):
+    data = os.urandom(5 << 20)
+    plane = hub.plane()
+    plane.put_object(repo, "main", "pt/shard.bin", io.BytesIO(data))
+    plane.commit(repo, "main", "a shard")
+    plane.create_tag(repo, "v2", "main")
+    target = str(tmp_path / "pod" / "mount")
+    os.makedirs(os.path.dirname(target))
+    publish(driver, "pt-vol", target, hub.token, {"server": hub.url, "share": f"{repo}@v2/pt"}, ROX, "cache-size=1G", "passthrough")
+    pub = Mounts(driver.state).get(target)
+    with open(f"/proc/{pub.pid}/cmdline", "rb") as f:
+        assert b"--passthrough" in f.read().split(b"\0")
+    monkeypatch.setenv("FABRIC_MOUNT_STATE", os.path.join(driver.state, "fuse"))
+
+    def counters() -> dict:
+        with contextlib.suppress(OSError, ValueError):
+            return read_stats(pub.private)["kernel"] or {}
+        return {}
+
+    with open(os.path.join(target, "shard.bin"), "rb") as f:  # from chunks, filling a copy on the way
+        assert f.read() == data
+    wait_for(lambda: counters().get("copies", {}).get("made") == 1, timeout=10, interval=0.2)
+    with open(os.path.join(target, "shard.bin"), "rb") as f:  # from the copy
+        assert f.read() == data
+    wait_for(lambda: counters().get("passthrough_opens") == 1, timeout=10, interval=0.2)
+    unpublish(driver, "pt-vol", target)
+    assert not os.path.exists(target)
 
 
 def test_a_volume_served_by_the_nodes_spoke_reads_its_cache_files(hub, repo, tmp_path):

@@ -72,6 +72,15 @@ def test_writeback_is_a_flag_for_writable_publishes():
         parse_mount_flags(["writeback=1"])
 
 
+def test_passthrough_is_a_flag_that_needs_a_cache_size():
+    opts = parse_mount_flags(["ro,cache-size=50G", "passthrough"])
+    assert opts.mount_args("/c") == ["--durability", "local", "--cache-dir", "/c", "--cache-size", "50G", "--passthrough"]
+    with pytest.raises(VolumeError, match="passthrough needs cache-size"):
+        parse_mount_flags(["ro,passthrough"])
+    with pytest.raises(VolumeError, match="fabric volumes take"):
+        parse_mount_flags(["passthrough=yes"])
+
+
 def test_each_live_writeback_mount_of_a_volume_gets_its_own_write_dir_and_a_dead_ones_is_taken_over(tmp_path):
     mounts = Mounts(str(tmp_path / "state"))
     vol = Volume("http://spoke:8700", "ckpt", "main")

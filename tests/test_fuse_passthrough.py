@@ -83,6 +83,44 @@ def test_copies_stay_within_their_budget_least_recently_opened_first(tmp_path):
     again.close()
 
 
+def test_a_copy_is_checked_whole_at_its_first_open_after_a_start(tmp_path):
+    copies = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    data = os.urandom(2 * MIB)
+    key = copy_key(len(data), [b"c" * 32])
+    copies.filling(key, len(data)).write(data, 0)
+    copies.close()
+    [path] = [os.path.join(d, f) for d, _, names in os.walk(copies.dir) for f in names]
+    with open(path, "r+b") as f:  # one bit flipped on the disk, the size unchanged
+        f.seek(MIB)
+        byte = f.read(1)
+        f.seek(MIB)
+        f.write(bytes([byte[0] ^ 1]))
+    stray = os.path.join(copies.dir, "ab", "not-a-copy")
+    os.makedirs(os.path.dirname(stray))
+    open(stray, "wb").close()
+    again = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    assert not os.path.exists(stray)  # what is not a copy is removed at start-up
+    assert again.open(key, len(data)) is None and not os.path.exists(path)
+    assert again.snapshot()["corruptions"] == 1 and again.snapshot()["copies"] == 0
+    again.close()
+
+
+def test_copies_being_filled_count_in_the_budget_at_their_full_size(tmp_path):
+    # A reader that reads half of many large files must not fill the disk with halves.
+    copies = FileCopies(str(tmp_path), budget=5 * MIB, min_size=MIB)
+    first = copies.filling(copy_key(3 * MIB, [b"1" * 32]), 3 * MIB)
+    first.write(b"1" * MIB, 0)
+    second = copies.filling(copy_key(3 * MIB, [b"2" * 32]), 3 * MIB)
+    assert first.failed and not second.failed  # 6 MiB would not fit: the least recently written went
+    assert copies.snapshot()["filling_bytes"] == 3 * MIB
+    second.write(b"2" * (3 * MIB), 0)
+    copies._finisher.submit(lambda: None).result()
+    assert copies.snapshot()["bytes"] == 3 * MIB and copies.snapshot()["filling_bytes"] == 0
+    copies.filling(copy_key(4 * MIB, [b"3" * 32]), 4 * MIB)  # makes room: the copy goes
+    assert copies.snapshot()["bytes"] == 0 and copies.snapshot()["evicted"] == 1
+    copies.close()
+
+
 def test_at_most_so_many_copies_are_filled_at_once(tmp_path):
     copies = FileCopies(str(tmp_path), budget=1 << 40, min_size=1)
     started = [copies.filling(copy_key(10, [i.to_bytes(32, "little")]), 10) for i in range(MAX_FILLING + 1)]
@@ -209,6 +247,28 @@ def test_a_mount_killed_while_copying_leaves_a_cache_the_next_mount_reads_right(
     with mounted(hub.url, hub.token, f"{repo}@v1", tmp_path / "m3", *opts) as mp:  # copies survive a remount
         assert sha(os.path.join(mp, name)) == hashlib.sha256(data[name]).hexdigest()
         assert kernel_stats(mp, lambda s: s["passthrough_opens"] == 1)["read_requests"] == 0
+
+
+@needs_fuse
+@needs_passthrough
+def test_a_copy_damaged_on_disk_is_never_served(tagged, tmp_path):
+    hub, repo, data = tagged
+    opts = ("--passthrough", "--cache-dir", str(tmp_path / "cache"))
+    name = "big/f0.bin"
+    want = hashlib.sha256(data[name]).hexdigest()
+    with mounted(hub.url, hub.token, f"{repo}@v1", tmp_path / "m1", *opts) as mp:
+        assert sha(os.path.join(mp, name)) == want
+        kernel_stats(mp, lambda s: s["copies"]["made"] == 1)
+    [copy] = list((tmp_path / "cache" / "files").glob("??/*"))
+    with open(copy, "r+b") as f:  # a bad disk: one byte changed, the size the same
+        f.seek(3 * MIB)
+        f.write(bytes([data[name][3 * MIB] ^ 0xFF]))
+    with mounted(hub.url, hub.token, f"{repo}@v1", tmp_path / "m2", *opts) as mp:
+        assert sha(os.path.join(mp, name)) == want  # from chunks, not from the copy
+        stats = kernel_stats(mp, lambda s: s["copies"]["made"] == 1)
+        assert stats["copies"]["corruptions"] == 1 and stats["passthrough_opens"] == 0
+        assert sha(os.path.join(mp, name)) == want  # from the new copy
+        assert kernel_stats(mp, lambda s: s["passthrough_opens"] == 1)["copies"]["corruptions"] == 1
 
 
 @needs_fuse

@@ -6,24 +6,29 @@ check per request in Python. A file whose plain bytes lie on the local disk can 
 to the kernel instead, which then reads it at the disk's speed (bench/RESULTS.md, "FUSE
 passthrough from Python"). This cache keeps those plain copies.
 
-- **Layout**: ``files/XX/KEY`` where ``KEY`` (:func:`copy_key`) is the SHA-256 of the file's
-  size and chunk ids, or of its chunk list's id (a version of a file, whatever its path),
-  ``XX`` its first two digits.
-  Copies being filled lie in ``files/partial/``, which start-up empties.
+- **Layout**: ``files/XX/KEY-SUM`` where ``KEY`` (:func:`copy_key`) is the SHA-256 of the
+  file's size and chunk ids, or of its chunk list's id (a version of a file, whatever its
+  path), ``XX`` its first two digits, and ``SUM`` the xxh3-128 of the copy's bytes. Copies
+  being filled lie in ``files/partial/``, which start-up empties (with anything else there
+  not named so).
 - **Filling**: the bytes a mount serves its readers are written to the copy too, at their
   offsets and in any order (:meth:`Filling.write`). They were checked on the way: against
   their ids on arrival, against their records' checksums when read from the packs. Once
-  every byte has been written, the copy is flushed to disk (``fdatasync``) and renamed into
-  place, in a background thread. A copy is only ever made of files of at least
+  every byte has been written, the copy is read back for its checksum, flushed to disk
+  (``fdatasync``) and renamed into place, in a background thread. A copy is only ever made of files of at least
   ``min_size`` bytes (below that an open costs more than the read), and at most
   :data:`MAX_FILLING` are being filled at once (the least recently written is dropped).
-- **Budget**: complete copies stay within ``budget`` bytes, least recently opened evicted
-  first; the order survives restarts (a copy's mtime is its last open). An evicted copy
-  still open is read to its end (the kernel holds it).
-- **At rest**: the kernel reads a copy as it reads any local file, unchecked: a copy is
-  trusted as the disk is (the packs are checked chunk by chunk; this is the price of the
-  disk's speed). A copy whose size is not its key's is removed when opened. The directory
-  is the mount's own (locked with the packs).
+- **Budget**: complete copies and the full sizes of those being filled stay within
+  ``budget`` bytes: a copy started evicts the least recently opened copies (then, if need be,
+  the least recently written of those being filled). The order survives restarts (a copy's
+  mtime is its last open). An evicted copy still open is read to its end (the kernel holds it).
+- **At rest**: the kernel reads a copy as it reads any local file, unchecked. So the first
+  :meth:`FileCopies.open` of a copy after start-up reads it whole and checks its size and
+  checksum (DESIGN.md §8: corruption is never served); a copy that fails is removed (counted
+  in ``corruptions``) and its file served from chunks, which fills a new copy. That read
+  leaves the copy in the page cache, where the kernel's own read then finds it. A copy
+  damaged after that check, while the mount runs, is not caught. The directory is the
+  mount's own (locked with the packs).
 - **Failures**: a copy that cannot be written (disk full, I/O error) is dropped and its
   file served as before; a crash leaves partial copies, removed at the next start.
 """
@@ -40,6 +45,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import xxhash
+
 log = logging.getLogger("fabric.cache")
 
 FILES = "files"
@@ -48,6 +55,8 @@ PARTIAL = "partial"
 MIN_SIZE = 1024 * 1024
 #: Copies being filled at once, at most.
 MAX_FILLING = 64
+#: Bytes per read when a copy is read back for its checksum.
+CHECK_READ = 8 * 1024 * 1024
 
 
 def copy_key(size: int, chunk_ids: Sequence[bytes]) -> str:
@@ -116,26 +125,32 @@ class FileCopies:
         self.partial = os.path.join(self.dir, PARTIAL)
         self.budget, self.min_size = budget, min_size
         self.lock = threading.Lock()
-        self._copies: OrderedDict[str, int] = OrderedDict()  # key -> size, least recently opened first
+        #: key -> (size, checksum) of the complete copies, least recently opened first.
+        self._copies: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self._checked: set[str] = set()  # read back whole since start-up, and right
         self._bytes = 0
         self._filling: OrderedDict[str, Filling] = OrderedDict()  # least recently written first
+        self._filling_bytes = 0  # the sizes of the copies being filled: reserved in the budget
         self._finisher = ThreadPoolExecutor(1, thread_name_prefix="fabric-copies")
-        self.made = self.evicted = self.dropped = 0
+        self.made = self.evicted = self.dropped = self.corruptions = 0
         shutil.rmtree(self.partial, ignore_errors=True)
         os.makedirs(self.partial, mode=0o700, exist_ok=True)
         self._load()
 
     def _load(self) -> None:
-        found: list[tuple[float, str, int]] = []
+        found: list[tuple[float, str, int, str]] = []
         for sub in os.scandir(self.dir):
             if sub.name == PARTIAL or not sub.is_dir(follow_symlinks=False):
                 continue
             for f in os.scandir(sub.path):
-                if f.is_file(follow_symlinks=False) and len(f.name) == 64:
+                key, _, checksum = f.name.partition("-")
+                if f.is_file(follow_symlinks=False) and len(key) == 64 and len(checksum) == 32 and key[:2] == sub.name:
                     st = f.stat(follow_symlinks=False)
-                    found.append((st.st_mtime, f.name, st.st_size))
-        for _, key, size in sorted(found):
-            self._copies[key] = size
+                    found.append((st.st_mtime, key, st.st_size, checksum))
+                else:
+                    _unlink(f.path)
+        for _, key, size, checksum in sorted(found):
+            self._copies[key] = (size, checksum)
             self._bytes += size
         self._evict()
 
@@ -149,31 +164,44 @@ class FileCopies:
     def bytes(self) -> int:
         return self._bytes
 
-    def path_of(self, key: str) -> str:
-        return os.path.join(self.dir, key[:2], key)
+    def _path(self, key: str, checksum: str) -> str:
+        return os.path.join(self.dir, key[:2], f"{key}-{checksum}")
 
     def open(self, key: str, size: int) -> int | None:
-        """A read-only descriptor of the complete copy ``key`` (``size`` bytes), or None."""
+        """A read-only descriptor of the complete copy ``key`` of a ``size``-byte file, or None
+        (no such copy, or one that failed its check and was removed). The first open after
+        start-up reads the copy whole to check it: call it outside locks other opens need."""
         with self.lock:
-            if key not in self._copies:
+            held = self._copies.get(key)
+            if held is None:
                 return None
             self._copies.move_to_end(key)
-        path = self.path_of(key)
+            checked = key in self._checked
+        path = self._path(key, held[1])
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
             self._forget(key)
             return None
-        if os.fstat(fd).st_size != size:
+        if held[0] != size or (not checked and not self._intact(fd, size, held[1])):
             os.close(fd)
-            log.warning("copy %s has the wrong size: removed", path)
+            log.warning("copy %s is damaged (not its file's size or checksum): removed; the file is read from chunks", path)
+            with self.lock:
+                self.corruptions += 1
             self._remove(key)
             return None
+        with self.lock:
+            self._checked.add(key)
         try:
             os.utime(fd)  # its place in the eviction order, across restarts
         except OSError:
             pass
         return fd
+
+    @staticmethod
+    def _intact(fd: int, size: int, checksum: str) -> bool:
+        """Whether the file open as ``fd`` is ``size`` bytes whose xxh3-128 is ``checksum``."""
+        return os.fstat(fd).st_size == size and _checksum(fd) == checksum
 
     def filling(self, key: str, size: int) -> Filling | None:
         """The copy of ``key`` being filled (started now if need be); None where none is made."""
@@ -185,15 +213,22 @@ class FileCopies:
                 return f
             path = os.path.join(self.partial, key)
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
                 os.ftruncate(fd, size)
             except OSError as exc:
                 log.info("cannot start a copy in %s: %s", self.partial, exc)
                 return None
             f = self._filling[key] = Filling(self, key, size, path, fd)
-            oldest = next(iter(self._filling.values())) if len(self._filling) > MAX_FILLING else None
-        if oldest is not None:
-            self.drop(oldest, "")
+            self._filling_bytes += size
+            victims, count, reserved = [], len(self._filling), self._filling_bytes
+            for old in self._filling.values():  # least recently written first
+                if old is f or (count <= MAX_FILLING and reserved <= self.budget):
+                    break
+                victims.append(old)
+                count, reserved = count - 1, reserved - old.size
+        for old in victims:
+            self.drop(old, "")
+        self._evict()  # room for it among the copies
         return f
 
     def wrote(self, f: Filling, added: int) -> None:
@@ -216,32 +251,31 @@ class FileCopies:
             if f.failed or f.complete:
                 return
             f.failed = True
-            self._filling.pop(f.key, None)
+            self._unreserve(f)
             self.dropped += 1
         if why:
             log.info("copy %s dropped: %s", f.key, why)
         with f.io:
             os.close(f.fd)
-        try:
-            os.unlink(f.path)
-        except OSError:
-            pass
+        _unlink(f.path)
 
     def _finish(self, f: Filling) -> None:
-        dest = self.path_of(f.key)
-        error = None
+        error = checksum = None
         with f.io:
             try:
+                checksum = _checksum(f.fd)
                 os.fdatasync(f.fd)  # (renamed in place before its bytes reach the disk, a copy could read as zeros after a power loss)
+                dest = self._path(f.key, checksum)
                 os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
                 os.rename(f.path, dest)
             except OSError as exc:
                 error = exc
             os.close(f.fd)
         with self.lock:
-            self._filling.pop(f.key, None)
-            if error is None:
-                self._copies[f.key] = f.size
+            self._unreserve(f)
+            if error is None and checksum is not None:
+                self._copies[f.key] = (f.size, checksum)
+                self._checked.add(f.key)
                 self._bytes += f.size
                 self.made += 1
             else:
@@ -249,40 +283,59 @@ class FileCopies:
                 self.dropped += 1
         if error is not None:
             log.info("copy %s dropped: cannot finish: %s", f.key, error)
-            try:
-                os.unlink(f.path)
-            except OSError:
-                pass
+            _unlink(f.path)
             return
         self._evict()
 
+    def _unreserve(self, f: Filling) -> None:
+        """``f`` is no longer being filled (under the lock)."""
+        if self._filling.pop(f.key, None) is not None:
+            self._filling_bytes -= f.size
+
     def _evict(self) -> None:
+        """Remove the least recently opened copies until they and the copies being filled fit."""
         while True:
             with self.lock:
-                if self._bytes <= self.budget or not self._copies:
+                if self._bytes + self._filling_bytes <= self.budget or not self._copies:
                     return
-                key, size = self._copies.popitem(last=False)
+                key, (size, checksum) = self._copies.popitem(last=False)
                 self._bytes -= size
                 self.evicted += 1
-            try:
-                os.unlink(self.path_of(key))
-            except OSError:
-                pass
+            _unlink(self._path(key, checksum))
 
-    def _forget(self, key: str) -> None:
+    def _forget(self, key: str) -> tuple[int, str] | None:
         with self.lock:
-            size = self._copies.pop(key, None)
-            if size is not None:
-                self._bytes -= size
+            held = self._copies.pop(key, None)
+            self._checked.discard(key)
+            if held is not None:
+                self._bytes -= held[0]
+            return held
 
     def _remove(self, key: str) -> None:
-        self._forget(key)
-        try:
-            os.unlink(self.path_of(key))
-        except OSError:
-            pass
+        held = self._forget(key)
+        if held is not None:
+            _unlink(self._path(key, held[1]))
 
     def snapshot(self) -> dict[str, int]:
         with self.lock:
-            return {"copies": len(self._copies), "bytes": self._bytes, "filling": len(self._filling),
-                    "made": self.made, "evicted": self.evicted, "dropped": self.dropped}
+            return {"copies": len(self._copies), "bytes": self._bytes, "filling": len(self._filling), "filling_bytes": self._filling_bytes,
+                    "made": self.made, "evicted": self.evicted, "dropped": self.dropped, "corruptions": self.corruptions}
+
+
+def _checksum(fd: int) -> str:
+    """The xxh3-128 of the whole file open as ``fd``, in hex."""
+    h = xxhash.xxh3_128()
+    buf = bytearray(CHECK_READ)
+    view = memoryview(buf)
+    offset = 0
+    while n := os.preadv(fd, [buf], offset):
+        h.update(view[:n])
+        offset += n
+    return h.hexdigest()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -6,7 +6,8 @@ as on any immutable mount, and cached for good by the kernel. What changes is ``
 
 - a file with a complete plain copy in the cache directory (:mod:`fabric.cache.files`) is
   opened with ``FOPEN_PASSTHROUGH`` and that copy as its backing file: the kernel reads it
-  as it reads a local file, and no read of it reaches this process;
+  as it reads a local file, and no read of it reaches this process (the copy's first open
+  after start-up reads it whole to check it, outside the lock other opens take);
 - any other file is opened with the kernel's page cache kept (as libfuse's mount keeps it),
   its reads answered from chunks, and the bytes served are written to its copy as well
   (a file of at least 1 MiB), which is complete once every byte has been read once.
@@ -194,20 +195,28 @@ class ImmutableMount:
             raise OSError(errno.EROFS, "")
         path = self._path(nodeid)
         io = self._io.get(nodeid) or self._file_io(nodeid, path)
-        with self._lock:
-            fh, self._next_fh = self._next_fh, self._next_fh + 1
-            if io.cached_opens == 0 and self._backing(io):
-                io.passthrough_opens += 1
-                self._handles[fh] = (nodeid, True)
-                self.passthrough_opens += 1
-                reply = P.OPEN_OUT.pack(fh, P.FOPEN_PASSTHROUGH, io.backing_id)
-            else:
-                io.cached_opens += 1
-                self._handles[fh] = (nodeid, False)
-                self.cached_opens += 1
-                if io.key is not None and self.copies is not None and (io.filling is None or io.filling.failed):
-                    io.filling = self.copies.filling(io.key, io.size)
-                return P.OPEN_OUT.pack(fh, P.FOPEN_KEEP_CACHE, 0)
+        # The copy is opened (and, the first time, read whole to check it) outside the lock.
+        fd = self.copies.open(io.key, io.size) if io.key and self.copies and io.backing_id is None and not io.cached_opens else None
+        try:
+            with self._lock:
+                fh, self._next_fh = self._next_fh, self._next_fh + 1
+                if io.cached_opens == 0 and self._backing(io, fd):
+                    if io.backing_fd == fd:
+                        fd = None  # (the backing file now)
+                    io.passthrough_opens += 1
+                    self._handles[fh] = (nodeid, True)
+                    self.passthrough_opens += 1
+                    reply = P.OPEN_OUT.pack(fh, P.FOPEN_PASSTHROUGH, io.backing_id)
+                else:
+                    io.cached_opens += 1
+                    self._handles[fh] = (nodeid, False)
+                    self.cached_opens += 1
+                    if io.key is not None and self.copies is not None and (io.filling is None or io.filling.failed):
+                        io.filling = self.copies.filling(io.key, io.size)
+                    return P.OPEN_OUT.pack(fh, P.FOPEN_KEEP_CACHE, 0)
+        finally:
+            if fd is not None:
+                os.close(fd)
         if self.fs.reads.opens is not None:
             self.fs.reads.opens.opened(path)  # (its reads never reach the mount)
         return reply
@@ -233,19 +242,16 @@ class ImmutableMount:
         with self._lock:
             return self._io.setdefault(nodeid, _FileIO(key, e.size))
 
-    def _backing(self, io: _FileIO) -> bool:
-        """Whether ``io`` has a backing file (registered now from its copy if need be; under the lock)."""
+    def _backing(self, io: _FileIO, fd: int | None) -> bool:
+        """Whether ``io`` has a backing file: one already, or ``fd`` (its copy) registered now
+        (``io.backing_fd`` then; otherwise ``fd`` stays the caller's). Under the lock."""
         if io.backing_id is not None:
             return True
-        if io.key is None or self.copies is None:
-            return False
-        fd = self.copies.open(io.key, io.size)
         if fd is None:
             return False
         try:
             io.backing_id = self.session.backing_open(fd)
         except OSError as exc:
-            os.close(fd)
             log.warning("the kernel refused a backing file: %s", exc)
             return False
         io.backing_fd = fd
@@ -358,3 +364,5 @@ def serve(fs: FabricFS, mountpoint: str, source: str, *, allow_other: bool,
         fs.destroy("/")
         if copies is not None:
             copies.close()
+        log.info("opens from copies (passthrough): %d, from chunks: %d; READ requests: %d; copies: %s",
+                 mount.passthrough_opens, mount.cached_opens, mount.read_requests, copies.snapshot() if copies else None)
