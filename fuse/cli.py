@@ -58,7 +58,8 @@ With --passthrough (a commit or tag with --cache-dir, as root, on Linux
 6.9+), each file of 1 MiB or more read whole through the mount is also
 kept as a plain copy in --cache-dir, and later opens of it hand the kernel
 that copy: it is read at the local disk's speed, never through the mount
-(each copy is read whole and checked once per mount, at its first open).
+(each copy is read whole and checked once per mount, at its first open;
+--no-passthrough-check trusts a file system that checks its data itself).
 Such a mount is served without libfuse, and every open asks it (more CPU
 for many small files).
 
@@ -126,6 +127,7 @@ statistics, is at --log-file.
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Also keep chunks on disk here, appended to packs of up to 64 MiB (survives remounts; chunk files of older versions there are removed).")
 @click.option("--cache-size", type=Size(), default="10G", show_default=True, help="Size bound of --cache-dir.")
 @click.option("--passthrough", is_flag=True, help="A commit or tag with --cache-dir, as root: keep a plain copy of each file of 1 MiB or more read whole through the mount in --cache-dir (half of --cache-size), and let the kernel read those copies itself (FUSE passthrough, Linux 6.9+): a second read after the page cache is gone runs at the local disk's speed. Served without libfuse; every open then asks the mount (more CPU for many small files). Without passthrough in the kernel, files are read as usual.")
+@click.option("--no-passthrough-check", is_flag=True, help="With --passthrough: trust the copies at rest instead of reading each one whole and checking it at its first open after the mount starts. Only where the file system under --cache-dir checks its data itself (ZFS, btrfs): a copy damaged on a plain disk would then be served.")
 @click.option("--spoke-cache", type=click.Path(file_okay=False), help="The --cache directory of the spoke SERVER_URL names, when it runs on this machine: chunks it holds are read from its files, each checked against its id, instead of over HTTP (about half the CPU of a warm read). Read-only; chunks it lacks still come from the spoke.")
 @click.option("--write-dir", type=click.Path(file_okay=False), help="Where files being written are kept until staged (default: a new temporary directory).")
 @click.option("--uid", type=int, default=None, help="Owner shown for entries that record none (default: the mounting user).")
@@ -158,6 +160,7 @@ def mount(
     cache_dir: str | None,
     cache_size: int,
     passthrough: bool,
+    no_passthrough_check: bool,
     spoke_cache: str | None,
     write_dir: str | None,
     uid: int | None,
@@ -200,7 +203,8 @@ def mount(
         if spoke_cache:
             SpokeFiles(spoke_cache)
         is_branch = resolve_target(open_plane(server_url, token, durability), repo, ref, rw)[0]
-        check_passthrough(MountConfig(repo, ref, cache_dir=cache_dir, passthrough=passthrough), is_branch, fuse_options)
+        check_passthrough(MountConfig(repo, ref, cache_dir=cache_dir, passthrough=passthrough, check_copies=not no_passthrough_check),
+                          is_branch, fuse_options)
         log_path = log_file or default_log_path(mountpoint)
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", server_url, target, os.path.abspath(mountpoint)]
         argv += [*_child_options(click.get_current_context()), "--foreground", "--log-file", log_path]
@@ -223,6 +227,7 @@ def mount(
         cache_dir=cache_dir,
         cache_size=cache_size,
         passthrough=passthrough,
+        check_copies=not no_passthrough_check,
         spoke_cache=spoke_cache,
         write_dir=write_dir,
         commit_interval=commit_interval,

@@ -29,4 +29,5 @@ class MountConfig:
     stream_writes: bool = True  # chunk and send files written in order while they are written
     fetch_workers: int = 4
     passthrough: bool = False  # serve on the kernel's protocol, files with a copy in cache_dir read by the kernel (fuse/kernel)
+    check_copies: bool = True  # read each copy whole at its first open to check it (fabric/cache/files.py)
     job: str | None = None  # FABRIC_JOB: the job the mount reads for (a spoke learns its opens, fuse/opens.py)

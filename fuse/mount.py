@@ -91,6 +91,8 @@ def resolve_target(plane, repo: str, ref: str, writable: bool) -> tuple[bool, st
 def check_passthrough(cfg: MountConfig, is_branch: bool, fuse_options: dict | None = None) -> None:
     """Errors a person can act on for ``--passthrough`` (:mod:`fuse.kernel`)."""
     if not cfg.passthrough:
+        if not cfg.check_copies:
+            raise BadRequest("--no-passthrough-check needs --passthrough")
         return
     if is_branch:
         raise BadRequest(f"--passthrough serves a commit or tag (immutable): {cfg.ref!r} is a branch")

@@ -105,6 +105,21 @@ def test_a_copy_is_checked_whole_at_its_first_open_after_a_start(tmp_path):
     again.close()
 
 
+def test_copies_can_be_trusted_at_rest_where_the_file_system_checks_them(tmp_path):
+    copies = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    key = copy_key(MIB, [b"t" * 32])
+    copies.filling(key, MIB).write(b"t" * MIB, 0)
+    copies.close()
+    [path] = [os.path.join(d, f) for d, _, names in os.walk(copies.dir) for f in names]
+    with open(path, "r+b") as f:
+        f.write(b"x")
+    trusting = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1, check=False)
+    fd = trusting.open(key, MIB)  # not read back: the damage goes unseen, as --no-passthrough-check says
+    assert fd is not None
+    os.close(fd)
+    trusting.close()
+
+
 def test_copies_being_filled_count_in_the_budget_at_their_full_size(tmp_path):
     # A reader that reads half of many large files must not fill the disk with halves.
     copies = FileCopies(str(tmp_path), budget=5 * MIB, min_size=MIB)
@@ -244,7 +259,8 @@ def test_a_mount_killed_while_copying_leaves_a_cache_the_next_mount_reads_right(
         assert os.listdir(os.path.join(cache, "files", PARTIAL)) == []
         assert {n: sha(os.path.join(mp, n)) for n in data} == {n: hashlib.sha256(b).hexdigest() for n, b in data.items()}
         kernel_stats(mp, lambda s: s["copies"]["made"] == 3)
-    with mounted(hub.url, hub.token, f"{repo}@v1", tmp_path / "m3", *opts) as mp:  # copies survive a remount
+    # Copies survive a remount (here trusted at rest: not read back at their first open).
+    with mounted(hub.url, hub.token, f"{repo}@v1", tmp_path / "m3", *opts, "--no-passthrough-check") as mp:
         assert sha(os.path.join(mp, name)) == hashlib.sha256(data[name]).hexdigest()
         assert kernel_stats(mp, lambda s: s["passthrough_opens"] == 1)["read_requests"] == 0
 
@@ -280,6 +296,7 @@ def test_passthrough_refuses_what_it_cannot_serve(tagged, tmp_path):
         (("--passthrough", "--cache-dir", str(tmp_path / "c")), "main", "is a branch"),
         (("--passthrough",), "v1", "needs --cache-dir"),
         (("--passthrough", "--cache-dir", str(tmp_path / "c"), "-o", "max_read=65536"), "v1", "takes no -o options"),
+        (("--no-passthrough-check", "--cache-dir", str(tmp_path / "c")), "v1", "needs --passthrough"),
     ]
     for options, ref, message in cases:
         proc = fabric("mount", hub.url, f"{repo}@{ref}", str(mp), *options, token=hub.token, check=False)

@@ -27,7 +27,8 @@ passthrough from Python"). This cache keeps those plain copies.
   checksum (DESIGN.md §8: corruption is never served); a copy that fails is removed (counted
   in ``corruptions``) and its file served from chunks, which fills a new copy. That read
   leaves the copy in the page cache, where the kernel's own read then finds it. A copy
-  damaged after that check, while the mount runs, is not caught. The directory is the
+  damaged after that check, while the mount runs, is not caught; with ``check`` off
+  (``--no-passthrough-check``, for a file system that checks its data itself) none is. The directory is the
   mount's own (locked with the packs).
 - **Failures**: a copy that cannot be written (disk full, I/O error) is dropped and its
   file served as before; a crash leaves partial copies, removed at the next start.
@@ -120,10 +121,12 @@ class Filling:
 class FileCopies:
     """The plain copies under ``root/files`` (see the module docstring)."""
 
-    def __init__(self, root: str, budget: int, min_size: int = MIN_SIZE) -> None:
+    def __init__(self, root: str, budget: int, min_size: int = MIN_SIZE, check: bool = True) -> None:
+        """``check``: read each copy whole at its first open after start-up to check it (off:
+        trusted as the disk is; for a file system that checks its data itself)."""
         self.dir = os.path.join(root, FILES)
         self.partial = os.path.join(self.dir, PARTIAL)
-        self.budget, self.min_size = budget, min_size
+        self.budget, self.min_size, self.check = budget, min_size, check
         self.lock = threading.Lock()
         #: key -> (size, checksum) of the complete copies, least recently opened first.
         self._copies: OrderedDict[str, tuple[int, str]] = OrderedDict()
@@ -176,7 +179,7 @@ class FileCopies:
             if held is None:
                 return None
             self._copies.move_to_end(key)
-            checked = key in self._checked
+            checked = key in self._checked or not self.check
         path = self._path(key, held[1])
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)

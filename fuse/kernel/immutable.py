@@ -347,7 +347,7 @@ def serve(fs: FabricFS, mountpoint: str, source: str, *, allow_other: bool,
     """Mount ``fs`` (an immutable mount) at ``mountpoint`` and serve it until unmounted (blocks);
     SIGINT and SIGTERM unmount it. ``serving`` is told the mount once it is made."""
     cfg = fs.state.cfg
-    copies = FileCopies(cfg.cache_dir, cfg.cache_size - cfg.cache_size // 2) if cfg.cache_dir else None
+    copies = FileCopies(cfg.cache_dir, cfg.cache_size - cfg.cache_size // 2, check=cfg.check_copies) if cfg.cache_dir else None
     try:
         session = Session(mountpoint, source, allow_other=allow_other, read_only=True)
     except BaseException:
