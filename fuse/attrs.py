@@ -25,7 +25,7 @@ from fabric.format.paths import MAX_NAME_BYTES
 from fabric.plane.retry import ServerGone
 from fuse import linkgroups
 from fuse.errors import err
-from fuse.handles import RHandle, WHandle
+from fuse.handles import RHandle, WHandle, content_sig
 from fuse.inodes import ROOT
 from fuse.namespace import split
 from fuse.state import MountState
@@ -82,6 +82,8 @@ class Attributes:
             mode = type_bits(kind) | (e.mode & 0o7777)  # a file, FIFO, socket or device
             nlink = link_count(path, e)
             size = e.size
+            if kind == FILE and not self.state.immutable:
+                self.state.kernel_attrs[path] = content_sig(e)  # (the size the kernel is told: ReadPath.open)
         ctime = e.mtime_ns if e.ctime_ns is None else e.ctime_ns
         if t:
             mtime = t.get("mtime", mtime)

@@ -160,6 +160,7 @@ class NamespaceChanges:
                     wf.path = None
                 st.times.pop(p, None)
                 st.kernel_sig.pop(p, None)
+                st.kernel_attrs.pop(p, None)
             if wf is not None:
                 self.writes.discard(wf)  # (a --writeback mount killed now never brings it back)
             if wf is not None and not wf.on_server:
@@ -291,7 +292,7 @@ class NamespaceChanges:
                 return dst + p[len(src) :]
             return None
 
-        for table in (st.files, st.times, st.kernel_sig):
+        for table in (st.files, st.times, st.kernel_sig, st.kernel_attrs):
             for p in [p for p in table if p == dst or (is_dir and p.startswith(dst + "/"))]:
                 if table is st.files:
                     w = st.files.pop(p)

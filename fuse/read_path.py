@@ -123,11 +123,14 @@ class ReadPath:
             # (snapshot isolation): this one reads the new version around the cache.
             fi.direct_io = 1
         else:
-            if old != sig:
-                # The kernel may hold the old size and pages: drop them before this open returns.
+            if old != sig or st.kernel_attrs.get(p) != sig:
+                # The kernel may hold another version's size or pages (a listing may have told it
+                # of a version other than the one whose pages it holds): drop them before this
+                # open returns; it asks for the attributes again.
                 invalidate_path(p)
             fi.keep_cache = 1 if old == sig else 0
             st.kernel_sig[p] = sig
+            st.kernel_attrs[p] = sig
         fi.fh = st.handles.add(RHandle(e, FileReader(self.fetcher, e.chunks, st.cfg.readahead), p))
         self._prefetch_siblings(p)
 

@@ -11,6 +11,9 @@ The tables (paths are repository paths, '' the root):
   (``mtime_ns``, ``ctime_ns``; a directory that changes gets a marker, :meth:`MountState.touch_dir`).
 - ``root``: the root directory's attributes (it has no entry).
 - ``kernel_sig``: the version of each file whose pages and size the kernel may cache.
+- ``kernel_attrs``: on a branch mount, the version of each file whose attributes (its
+  size) the kernel was last given, by a stat or a listing: not always the one whose pages
+  it holds.
 - ``handles``: the open file handles.
 - ``inodes``: the inode number of each name (:mod:`fuse.inodes`).
 
@@ -69,6 +72,7 @@ class MountState:
         self.files: dict[str, WFile] = {}
         self.times: dict[str, dict[str, int]] = {}  # session-local atime (and unstorable directory times)
         self.kernel_sig: dict[str, tuple] = {}
+        self.kernel_attrs: dict[str, tuple] = {}
         self.handles = Handles()
         self.inodes = Inodes()  # st_ino of each name (hard links share one)
         #: Background chunking of files written in order (None: every file is chunked at sync).

@@ -169,6 +169,7 @@ class WritePath:
                 st.files[p] = wf
                 st.times.pop(p, None)
                 st.kernel_sig.pop(p, None)
+                st.kernel_attrs.pop(p, None)
                 st.bump_dir(split(p)[0], wf.mtime_ns)
         fi.fh = st.handles.add(WHandle(wf, True))
         fi.keep_cache = 0
