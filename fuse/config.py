@@ -30,4 +30,14 @@ class MountConfig:
     fetch_workers: int = 4
     passthrough: bool = False  # serve on the kernel's protocol, files with a copy in cache_dir read by the kernel (fuse/kernel)
     check_copies: bool = True  # read each copy whole at its first open to check it (fabric/cache/files.py)
-    job: str | None = None  # FABRIC_JOB: the job the mount reads for (a spoke learns its opens, fuse/opens.py)
+    job: str | None = None
+
+    @property
+    def copies_budget(self) -> int:
+        """With --passthrough, half of --cache-size is the files' plain copies (fuse/kernel)."""
+        return self.cache_size // 2 if self.passthrough else 0
+
+    @property
+    def packs_budget(self) -> int:
+        """What --cache-size leaves the chunk packs."""
+        return self.cache_size - self.copies_budget  # FABRIC_JOB: the job the mount reads for (a spoke learns its opens, fuse/opens.py)

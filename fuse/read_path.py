@@ -53,9 +53,7 @@ class ReadPath:
     def __init__(self, state: MountState) -> None:
         self.state = state
         cfg = state.cfg
-        # With --passthrough, half the cache directory's budget is the files' plain copies (fuse/kernel).
-        packs_budget = cfg.cache_size // 2 if cfg.passthrough else cfg.cache_size
-        disk = chunk_disk_cache(cfg.cache_dir, packs_budget) if cfg.cache_dir else None
+        disk = chunk_disk_cache(cfg.cache_dir, cfg.packs_budget) if cfg.cache_dir else None
         self.memory = BytesLRU(cfg.memory_cache)
         #: A mount beside its spoke reads the spoke's cache files and reports those reads to it.
         self.local_reads = LocalReadReports(state.plane.inner, state.repo) if cfg.spoke_cache else None

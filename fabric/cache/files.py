@@ -97,10 +97,11 @@ class Filling:
         if error is not None:
             self.owner.drop(self, f"cannot write: {error}")
             return
-        self.owner.wrote(self, self._cover(offset, end))
+        self._cover(offset, end)
+        self.owner.wrote(self)
 
-    def _cover(self, lo: int, hi: int) -> int:
-        """Record ``[lo, hi)`` as written; the bytes of it not written before (under the owner's lock)."""
+    def _cover(self, lo: int, hi: int) -> None:
+        """Record ``[lo, hi)`` as written (under the owner's lock)."""
         with self.owner.lock:
             i = bisect.bisect_left(self._ends, lo)  # the first span ending at or after lo
             j = bisect.bisect_right(self._starts, hi)  # past the last span starting at or before hi
@@ -111,7 +112,6 @@ class Filling:
                 self._starts.insert(i, lo)
                 self._ends.insert(i, hi)
             self._written += hi - lo - overlap
-            return hi - lo - overlap
 
     @property
     def written(self) -> int:
@@ -162,10 +162,6 @@ class FileCopies:
         self._finisher.shutdown(wait=True)
         for f in list(self._filling.values()):
             self.drop(f, "")
-
-    @property
-    def bytes(self) -> int:
-        return self._bytes
 
     def _path(self, key: str, checksum: str) -> str:
         return os.path.join(self.dir, key[:2], f"{key}-{checksum}")
@@ -234,7 +230,8 @@ class FileCopies:
         self._evict()  # room for it among the copies
         return f
 
-    def wrote(self, f: Filling, added: int) -> None:
+    def wrote(self, f: Filling) -> None:
+        """``f`` was written to: finish it (in the background) once complete."""
         with self.lock:
             if f.key in self._filling:
                 self._filling.move_to_end(f.key)

@@ -28,15 +28,14 @@ import os
 import signal
 import stat as S
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 from fabric.cache.files import FileCopies, Filling, copy_key
-from fabric.format.model import FILE
-from fuse.errors import fs_errno
+from fabric.format.model import FILE, Entry
+from fuse.errors import op
 from fuse.fs import FabricFS
 from fuse.kernel import protocol as P
 from fuse.kernel.session import Session
@@ -75,6 +74,7 @@ class ImmutableMount:
 
     def __init__(self, fs: FabricFS, session: Session, copies: FileCopies | None) -> None:
         self.fs, self.session, self.copies = fs, session, copies
+        self.stats = fs.stats  # (for fuse.errors.op)
         self.passthrough = False  # the kernel took it at INIT
         self._lock = threading.Lock()
         self._paths: dict[int, str] = {ROOT_ID: ""}  # nodeid -> path
@@ -222,25 +222,23 @@ class ImmutableMount:
         return reply
 
     def _file_io(self, nodeid: int, path: str) -> _FileIO:
-        """The open state of a file, made at its first open: what its copy is called. A file
-        whose chunk list is an object is known by that object's id, so that opening its copy
-        costs no request for the list."""
-        t0 = time.perf_counter()
-        failed = True
-        try:
-            e = self.fs.state.ns.lookup(path)
-            if e is None or e.kind != FILE or not e.chunklist:
-                e = self.fs.reads.fresh_file(path)  # (the errors of an open: ENOENT, EISDIR, ...)
-            failed = False
-        except Exception as exc:  # noqa: BLE001 - an errno for the caller
-            raise OSError(fs_errno(exc), str(exc)) from exc
-        finally:
-            self.fs.stats.record("open", time.perf_counter() - t0, failed)
+        """The open state of a file, made at its first open: what its copy is called."""
+        e = self.open(path)
         key = None
         if self.copies is not None and self.passthrough and e.size >= self.copies.min_size:
             key = copy_key(e.size, [e.chunklist.encode()] if e.chunklist else [cid for cid, _ in e.chunks])
         with self._lock:
             return self._io.setdefault(nodeid, _FileIO(key, e.size))
+
+    @op
+    def open(self, path: str) -> Entry:
+        """The entry an open of ``path`` opens (timed and failing as an open: ENOENT, EISDIR...).
+        A file whose chunk list is an object is known by that object's id, so that opening its
+        copy costs no request for the list."""
+        e = self.fs.state.ns.lookup(path)
+        if e is None or e.kind != FILE or not e.chunklist:
+            e = self.fs.reads.fresh_file(path)
+        return e
 
     def _backing(self, io: _FileIO, fd: int | None) -> bool:
         """Whether ``io`` has a backing file: one already, or ``fd`` (its copy) registered now
@@ -298,43 +296,34 @@ class ImmutableMount:
     def _releasedir(self, nodeid: int, arg: memoryview) -> None:
         self.fs.releasedir(None, P.RELEASE_IN.unpack_from(arg)[0])
 
-    def _listing(self, arg: memoryview) -> tuple[list[tuple[str, dict[str, Any]]], int, int, int]:
-        fh, offset, size, _ = P.READ_IN.unpack_from(arg)
-        t0 = time.perf_counter()
-        failed = True
-        try:
-            items = self.fs.readdir_snapshot(fh, refresh=offset == 0)
-            failed = False
-        except Exception as exc:  # noqa: BLE001 - an errno for the caller
-            raise OSError(fs_errno(exc), str(exc)) from exc
-        finally:
-            self.fs.stats.record("readdirplus", time.perf_counter() - t0, failed)
-        return items, fh, offset, size
+    @op
+    def readdirplus(self, fh: int, refresh: bool) -> list[tuple[str, dict[str, Any]]]:
+        """A directory's names with their attributes (timed and failing as libfuse's READDIRPLUS)."""
+        return self.fs.readdir_snapshot(fh, refresh)
 
     def _readdir(self, nodeid: int, arg: memoryview) -> bytes:
-        items, _, offset, size = self._listing(arg)
-        out = bytearray()
-        for i in range(offset, len(items)):
-            name, st = items[i]
-            record = P.dirent(name.encode("utf-8", "surrogateescape"), st.get("st_ino", 0), i + 1, st.get("st_mode", 0))
-            if len(out) + len(record) > size:
-                break
-            out += record
-        return bytes(out)
+        return self._listing(nodeid, arg, plus=False)
 
     def _readdirplus(self, nodeid: int, arg: memoryview) -> bytes:
-        items, _, offset, size = self._listing(arg)
+        return self._listing(nodeid, arg, plus=True)
+
+    def _listing(self, nodeid: int, arg: memoryview, plus: bool) -> bytes:
+        """The entries from the READ's offset that fit its size; with ``plus``, each with its
+        attributes (one lookup of it for the kernel)."""
+        fh, offset, size, _ = P.READ_IN.unpack_from(arg)
+        items = self.readdirplus(fh, offset == 0)
         parent = self._path(nodeid)
         out = bytearray()
         for i in range(offset, len(items)):
             name, st = items[i]
             raw = name.encode("utf-8", "surrogateescape")
-            if len(out) + P.ENTRY_OUT.size + P.ATTR.size + P.dirent_size(raw) > size:
+            if len(out) + (P.ENTRY_OUT.size + P.ATTR.size if plus else 0) + P.dirent_size(raw) > size:
                 break
-            # '.' and '..' come without an entry (nodeid 0): the kernel looks them up itself.
-            dots = name in (".", "..")
-            entry = P.entry_out(0, None, 0) if dots else P.entry_out(self._remember(join(parent, name)), st, TTL)
-            out += entry + P.dirent(raw, st.get("st_ino", 0), i + 1, st.get("st_mode", S.S_IFDIR))
+            if plus:
+                # '.' and '..' come without an entry (nodeid 0): the kernel looks them up itself.
+                dots = name in (".", "..")
+                out += P.entry_out(0, None, 0) if dots else P.entry_out(self._remember(join(parent, name)), st, TTL)
+            out += P.dirent(raw, st.get("st_ino", 0), i + 1, st.get("st_mode", S.S_IFDIR))
         return bytes(out)
 
 
@@ -347,7 +336,7 @@ def serve(fs: FabricFS, mountpoint: str, source: str, *, allow_other: bool,
     """Mount ``fs`` (an immutable mount) at ``mountpoint`` and serve it until unmounted (blocks);
     SIGINT and SIGTERM unmount it. ``serving`` is told the mount once it is made."""
     cfg = fs.state.cfg
-    copies = FileCopies(cfg.cache_dir, cfg.cache_size - cfg.cache_size // 2, check=cfg.check_copies) if cfg.cache_dir else None
+    copies = FileCopies(cfg.cache_dir, cfg.copies_budget, check=cfg.check_copies) if cfg.cache_dir else None
     try:
         session = Session(mountpoint, source, allow_other=allow_other, read_only=True)
     except BaseException:
