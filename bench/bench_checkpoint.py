@@ -60,10 +60,13 @@ Figures per round:
   and ``.metadata`` answer a HEAD with their size on the hub's S3 port
   (directly, not through the WAN) and ``.metadata.tmp`` does not.
 
-Restore (each round, fabric-local and local-disk): the page cache dropped, every
-shard read back by one thread each and checked; fabric-local through a read-only
-mount of the checkpoint's commit on the spoke that wrote it (warm) and on a
-third spoke in no group (cold: over the WAN).
+Restore (each round, fabric-local, fabric-writeback and local-disk): the page
+cache dropped, every shard read back by one thread each and checked;
+fabric-local through a read-only mount of the checkpoint's commit on the spoke
+that wrote it (warm) and on a third spoke in no group (cold: over the WAN);
+fabric-writeback, whose mount runs with ``--seed-copies DIR``, through a
+``--passthrough`` mount of the commit with ``--cache-dir DIR`` (a restore on the
+machine that saved it: the kernel reads the copies the writer left).
 
 After each round the checkpoint is committed at the hub and every file read
 back from that commit (or, for local-disk, from the directory) and compared by
@@ -342,13 +345,16 @@ class FabricMount(System):
         self.repo = f"ckpt-{self.name}"
         base = os.path.join(env.work, self.name)
         self.root, self.log, self.write_dir = f"{base}-mnt", f"{base}.log", f"{base}-writes"
+        #: --writeback: the files staged are left as plain copies here, for the restore's --passthrough mount
+        self.copies = f"{base}-copies" if writeback else None
         self.cli = [env.python, "-m", "fabric.cli.main"]
         env.hub.create_repo(self.repo)
 
     def mount_cmd(self, token: str) -> list[str]:
         return [*self.cli, "mount", self.env.spoke_url, f"{self.repo}@main", self.root, "--rw", "--durability",
                 self.durability, "--token", token, "--write-dir", self.write_dir, "--log-file", self.log,
-                *([] if self.stream else ["--no-stream-writes"]), *(["--writeback"] if self.writeback else [])]
+                *([] if self.stream else ["--no-stream-writes"]),
+                *(["--writeback", "--seed-copies", self.copies] if self.copies else [])]
 
     def describe(self) -> str:
         return " ".join(self.mount_cmd("TOKEN")).replace(self.env.python, "python")
@@ -395,30 +401,37 @@ class FabricMount(System):
         return self.env.hub.verify(self.repo, directory, ckpt)
 
     def restore(self, directory: str, ckpt: Checkpoint, verified: str) -> dict:
-        """fabric-local only: read the commit through a read-only mount of the spoke that wrote it
+        """fabric-local: read the commit through a read-only mount of the spoke that wrote it
         (warm: it holds every chunk), the same with the mount reading the spoke's cache files
         (``--spoke-cache``: a mount beside its spoke), and through a mount of a spoke that never
-        saw it (cold: every chunk over the WAN)."""
+        saw it (cold: every chunk over the WAN). fabric-writeback: through a ``--passthrough``
+        mount whose ``--cache-dir`` is the writer's ``--seed-copies`` (a restore on the machine
+        that saved it)."""
+        if self.copies:
+            seeded = ["--passthrough", "--cache-dir", self.copies]
+            return {key: self._restore_through(self.env.spoke_url, verified, directory, ckpt, seeded + extra)
+                    for key, extra in (("restore_seeded_s", []), ("restore_seeded_trusted_s", ["--no-passthrough-check"]))}
         if self.name != "fabric-local":
             return {}
-        out = {}
         beside = ["--spoke-cache", os.path.join(self.env.work, "spoke")]
-        for key, url, extra in (("restore_warm_s", self.env.spoke_url, []), ("restore_warm_files_s", self.env.spoke_url, beside),
-                                ("restore_cold_s", self.env.cold_spoke_url, [])):
-            root = f"{self.root}-ro"
-            os.makedirs(root, exist_ok=True)
-            cmd = [*self.cli, "mount", url, f"{self.repo}@{verified}", root, "--token", self.env.token, "--log-file", f"{self.log}.ro",
-                   *extra]
-            p = subprocess.run(cmd, env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, text=True, check=False)
-            if p.returncode != 0:
-                unmount(root)
-                raise SystemExit(f"fabric mount (read-only) failed: {p.stderr[-2000:]}")
-            try:
-                out[key] = read_checkpoint(os.path.join(root, directory), ckpt)
-            finally:
-                subprocess.run([*self.cli, "umount", root], env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, check=False)
-                unmount(root)
-        return out
+        return {key: self._restore_through(url, verified, directory, ckpt, extra)
+                for key, url, extra in (("restore_warm_s", self.env.spoke_url, []), ("restore_warm_files_s", self.env.spoke_url, beside),
+                                        ("restore_cold_s", self.env.cold_spoke_url, []))}
+
+    def _restore_through(self, url: str, commit: str, directory: str, ckpt: Checkpoint, extra: list[str]) -> float:
+        """Seconds to read ``ckpt`` back through a read-only mount of ``commit`` from ``url``."""
+        root = f"{self.root}-ro"
+        os.makedirs(root, exist_ok=True)
+        cmd = [*self.cli, "mount", url, f"{self.repo}@{commit}", root, "--token", self.env.token, "--log-file", f"{self.log}.ro", *extra]
+        p = subprocess.run(cmd, env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, text=True, check=False)
+        if p.returncode != 0:
+            unmount(root)
+            raise SystemExit(f"fabric mount (read-only) failed: {p.stderr[-2000:]}")
+        try:
+            return read_checkpoint(os.path.join(root, directory), ckpt)
+        finally:
+            subprocess.run([*self.cli, "umount", root], env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, check=False)
+            unmount(root)
 
 
 class RcloneMount(System):
@@ -670,9 +683,14 @@ ROWS = (("stall_s", "stall", "s"), ("at_hub_s", "at hub", "s"), ("stall_mb_s", "
         ("wan_mb_up", "sent over the WAN", "MB"),
         ("restore_warm_s", "restore: warm spoke (local-disk: from disk)", "s"),
         ("restore_warm_files_s", "restore: warm spoke, the mount reading its cache files", "s"),
-        ("restore_cold_s", "restore: cold spoke (over the WAN)", "s"))
+        ("restore_cold_s", "restore: cold spoke (over the WAN)", "s"),
+        ("restore_seeded_s", "restore: the writer's machine, `--passthrough` over its `--seed-copies` (fabric-writeback)", "s"),
+        ("restore_seeded_trusted_s", "restore: the same, `--no-passthrough-check` (fabric-writeback)", "s"))
+SEEDED_ROWS = ("restore_seeded_s", "restore_seeded_trusted_s")
 #: The local disk's restore is the reference of every restore row.
-LOCAL_REFERENCE = {"restore_warm_files_s": "restore_warm_s", "restore_cold_s": "restore_warm_s"}
+LOCAL_REFERENCE = {"restore_warm_files_s": "restore_warm_s", "restore_cold_s": "restore_warm_s"} | dict.fromkeys(SEEDED_ROWS, "restore_warm_s")
+#: The system a row's ratios are of (fabric-local where not named).
+RATIO_OF = dict.fromkeys(SEEDED_ROWS, "fabric-writeback")
 
 
 def summarize(rounds: list[dict]) -> dict:
@@ -687,7 +705,7 @@ def summarize(rounds: list[dict]) -> dict:
         for peer in ("rclone", "local-disk"):
             ratios = []
             for rnd in {r["round"] for r in rounds}:
-                mine = [r.get(key) for r in rounds if r["round"] == rnd and r["system"] == "fabric-local"]
+                mine = [r.get(key) for r in rounds if r["round"] == rnd and r["system"] == RATIO_OF.get(key, "fabric-local")]
                 theirs_key = LOCAL_REFERENCE.get(key, key) if peer == "local-disk" else key
                 theirs = [r.get(theirs_key) for r in rounds if r["round"] == rnd and r["system"] == peer]
                 if mine and theirs and mine[0] and theirs[0]:
@@ -714,8 +732,10 @@ def render(report: dict) -> str:
         ("- restore: every shard read back, one thread each, sha256 checked, after dropping the page cache: local-disk from its disk; "
          "fabric-local through a read-only `fabric mount SPOKE repo@COMMIT` of the spoke that wrote it (warm), the same with "
          "`--spoke-cache` (the mount reads the spoke's cache files, as a mount beside its spoke may), and of a third spoke "
-         "in no group that never saw it (cold: every chunk over the same WAN link); each restore row's ratio to local-disk "
-         "is against local-disk's read from its disk"),
+         "in no group that never saw it (cold: every chunk over the same WAN link); fabric-writeback (which runs with "
+         "`--seed-copies DIR`) through a `--passthrough` mount of the commit with `--cache-dir DIR`, each copy checked whole at "
+         "its first open (and again with `--no-passthrough-check`: copies trusted at rest); each restore row's ratio to "
+         "local-disk is against local-disk's read from its disk, and is fabric-writeback's in the last two rows"),
         f"- command: `{report['command']}`",
         "",
         "| row | unit | " + " | ".join(SYSTEMS) + " | fabric-local / rclone | fabric-local / local-disk |",

@@ -78,6 +78,16 @@ close return once the file is on this machine's disk (--write-dir) and the
 mount stages it in the background: a checkpoint then stalls training about
 twice as long as a local write and fsync would, not ten times.
 
+--seed-copies DIR also keeps each file staged as a plain copy in DIR, so
+that a --passthrough mount of the commit with --cache-dir DIR restores it
+on this machine at the local disk's speed:
+
+\b
+  fabric mount SPOKE ckpt@run-42 /mnt/ckpt --rw --writeback \\
+      --write-dir /var/fabric/writes --seed-copies /var/fabric/copies
+  fabric mount SPOKE ckpt@step-900 /mnt/restore --passthrough \\
+      --cache-dir /var/fabric/copies
+
 The mount outlives its server: while the server restarts (or every server
 of a list is away), requests wait and resume; after --server-timeout
 seconds without it they fail with EIO, and work again once it is back.
@@ -128,6 +138,8 @@ statistics, is at --log-file.
 @click.option("--cache-size", type=Size(), default="10G", show_default=True, help="Size bound of --cache-dir.")
 @click.option("--passthrough", is_flag=True, help="A commit or tag with --cache-dir, as root: keep a plain copy of each file of 1 MiB or more read whole through the mount in --cache-dir (half of --cache-size), and let the kernel read those copies itself (FUSE passthrough, Linux 6.9+): a second read after the page cache is gone runs at the local disk's speed. Served without libfuse; every open then asks the mount (more CPU for many small files). Without passthrough in the kernel, files are read as usual.")
 @click.option("--no-passthrough-check", is_flag=True, help="With --passthrough: trust the copies at rest instead of reading each one whole and checking it at its first open after the mount starts. Only where the file system under --cache-dir checks its data itself (ZFS, btrfs): a copy damaged on a plain disk would then be served.")
+@click.option("--seed-copies", type=click.Path(file_okay=False), metavar="DIR", help="With --rw: once a file of 1 MiB or more written here is staged, keep a plain copy of it in DIR (a hard link to the mount's own file where DIR is on the --write-dir's file system). A `--passthrough` mount of a commit or tag with `--cache-dir DIR` then reads those files as local files: a checkpoint restored on the machine that saved it reads at the local disk's speed. Not this mount's own --cache-dir.")
+@click.option("--seed-copies-size", type=Size(), default="5G", show_default=True, help="Size bound of the copies in --seed-copies (the least recently opened go first).")
 @click.option("--spoke-cache", type=click.Path(file_okay=False), help="The --cache directory of the spoke SERVER_URL names, when it runs on this machine: chunks it holds are read from its files, each checked against its id, instead of over HTTP (about half the CPU of a warm read). Read-only; chunks it lacks still come from the spoke.")
 @click.option("--write-dir", type=click.Path(file_okay=False), help="Where files being written are kept until staged (default: a new temporary directory).")
 @click.option("--uid", type=int, default=None, help="Owner shown for entries that record none (default: the mounting user).")
@@ -161,6 +173,8 @@ def mount(
     cache_size: int,
     passthrough: bool,
     no_passthrough_check: bool,
+    seed_copies: str | None,
+    seed_copies_size: int,
     spoke_cache: str | None,
     write_dir: str | None,
     uid: int | None,
@@ -175,6 +189,7 @@ def mount(
     from fuse.mount import (
         check_mountpoint,
         check_passthrough,
+        check_write_dirs,
         default_log_path,
         open_plane,
         resolve_target,
@@ -205,6 +220,7 @@ def mount(
         is_branch = resolve_target(open_plane(server_url, token, durability), repo, ref, rw)[0]
         check_passthrough(MountConfig(repo, ref, cache_dir=cache_dir, passthrough=passthrough, check_copies=not no_passthrough_check),
                           is_branch, fuse_options)
+        check_write_dirs(MountConfig(repo, ref, writable=rw, cache_dir=cache_dir, write_dir=write_dir, seed_copies=seed_copies))
         log_path = log_file or default_log_path(mountpoint)
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", server_url, target, os.path.abspath(mountpoint)]
         argv += [*_child_options(click.get_current_context()), "--foreground", "--log-file", log_path]
@@ -228,6 +244,8 @@ def mount(
         cache_size=cache_size,
         passthrough=passthrough,
         check_copies=not no_passthrough_check,
+        seed_copies=seed_copies,
+        seed_copies_size=seed_copies_size,
         spoke_cache=spoke_cache,
         write_dir=write_dir,
         commit_interval=commit_interval,

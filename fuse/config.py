@@ -30,6 +30,8 @@ class MountConfig:
     fetch_workers: int = 4
     passthrough: bool = False  # serve on the kernel's protocol, files with a copy in cache_dir read by the kernel (fuse/kernel)
     check_copies: bool = True  # read each copy whole at its first open to check it (fabric/cache/files.py)
+    seed_copies: str | None = None  # a --passthrough mount's --cache-dir: copies of the files staged are left there (fabric/cache/seeds.py)
+    seed_copies_size: int = 5 * 1024**3
     job: str | None = None
 
     @property

@@ -118,6 +118,8 @@ class FabricFS(mfusepy.Operations):
         self.commits.stop()
         if self.writes.writeback is not None:
             self.writes.writeback.shutdown()
+        if self.writes.seeds is not None:
+            self.writes.seeds.close()
         self.reads.close()
         if self.state.streams is not None:
             self.state.streams.shutdown()

@@ -14,6 +14,9 @@ that uses it, for its lifetime: a second is refused, and a killed one's lock is 
 
 A record is written when the file's fsync or close parks it (:mod:`fuse.writeback`) and
 removed once the mount has staged the version it recorded, or when the file is unlinked.
+With ``--seed-copies`` the ``.data`` of a staged record keeps its name until the file's local
+state is dropped, so that its seed can be a hard link (an unnamed file that had a name cannot
+take one again).
 """
 
 from __future__ import annotations
@@ -104,6 +107,16 @@ class Journal:
                 os.unlink(os.path.join(self.dir, rid + suffix))
             except FileNotFoundError:
                 pass
+
+    def retire(self, rid: str) -> str:
+        """Forget record ``rid`` but keep its data's name, which is returned: a name of the file
+        for a seed to link (``--seed-copies``). The caller removes it; a start removes it too
+        (a ``.data`` without its ``.json``)."""
+        try:
+            os.unlink(os.path.join(self.dir, rid + ".json"))
+        except FileNotFoundError:
+            pass
+        return self.data_path(rid)
 
     def records(self) -> list[Record]:
         """The complete records, oldest first; leftovers of incomplete ones are removed."""

@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from fabric.cache.files import FILES, INCOMING
 from fabric.errors import BadRequest, FabricError
 from fabric.util.jsonfile import write_json
 from fabric.util.processes import process_alive
@@ -104,6 +105,24 @@ def check_passthrough(cfg: MountConfig, is_branch: bool, fuse_options: dict | No
         raise BadRequest("--passthrough takes no -o options (they are libfuse's, which it does without)")
 
 
+def check_write_dirs(cfg: MountConfig) -> None:
+    """Errors a person can act on for the directories a writable mount writes files to
+    (``--write-dir``, ``--seed-copies``: :mod:`fabric.cache.seeds`), which it creates."""
+    if cfg.seed_copies and not cfg.writable:
+        raise BadRequest("--seed-copies needs --rw: it keeps copies of the files this mount writes")
+    if cfg.seed_copies and cfg.cache_dir and os.path.realpath(cfg.cache_dir) == os.path.realpath(cfg.seed_copies):
+        raise BadRequest("--seed-copies must not be this mount's own --cache-dir: the --passthrough mount that reads "
+                         "the copies needs that directory for itself; give it a directory of its own")
+    if not cfg.writable:
+        return
+    for option, path in (("--write-dir", cfg.write_dir), ("--seed-copies", cfg.seed_copies and os.path.join(cfg.seed_copies, FILES, INCOMING))):
+        try:
+            if path:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise BadRequest(f"cannot keep files in {option} {path!r}: {exc.strerror}") from None
+
+
 def check_mountpoint(mountpoint: str) -> str:
     mp = os.path.realpath(mountpoint)
     if _stale(mp):
@@ -155,6 +174,7 @@ def run_foreground(
         plane = open_plane(server, token, cfg.durability)
         is_branch, commit_id, commit_time = resolve_target(plane, cfg.repo, cfg.ref, cfg.writable)
         check_passthrough(cfg, is_branch, fuse_options)
+        check_write_dirs(cfg)
         # Opens the cache directory too: one held by another mount is refused here, with its pid.
         fs = FabricFS(plane, cfg, branch=is_branch, commit_id=commit_id, commit_time=commit_time)
         if fs.writes.writeback is not None:
@@ -259,6 +279,7 @@ def write_stats(mountpoint: str, fs: FabricFS, kernel: ImmutableMount | None = N
         "streamed_writes": fs.state.streams.snapshot() if fs.state.streams is not None else None,
         "writeback": fs.writes.writeback.snapshot() if fs.writes.writeback is not None else None,
         "kernel": kernel.snapshot() if kernel is not None else None,
+        "seeded_copies": fs.writes.seeds.snapshot() if fs.writes.seeds is not None else None,
     }
     write_json(stats_path(mountpoint), data)
 

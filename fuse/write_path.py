@@ -19,7 +19,7 @@ from typing import Any
 from fabric.errors import ChunksMissing
 from fabric.format.model import Entry
 from fabric.plane.dataplane import DataPlane
-from fuse import linkgroups
+from fuse import copies, linkgroups
 from fuse.errors import err
 from fuse.handles import RHandle, WHandle, content_sig
 from fuse.libfuse import invalidate_path
@@ -45,8 +45,11 @@ class WritePath:
         self.reads = reads
         self.write_dir = state.cfg.write_dir
         cfg = state.cfg
+        #: Copies of the files staged, left for --passthrough mounts (``--seed-copies``).
+        self.seeds = copies.seeder(cfg)
         #: fsync and close park files for background staging (``--writeback``; needs ``--write-dir``).
-        self.writeback = WriteBack(self, cfg.write_dir, cfg.writeback_backlog) if state.writable and cfg.writeback and cfg.write_dir else None
+        self.writeback = (WriteBack(self, cfg.write_dir, cfg.writeback_backlog, keep_names=self.seeds is not None)
+                          if state.writable and cfg.writeback and cfg.write_dir else None)
 
     # -- local state -------------------------------------------------------------------
     def wfile(self, p: str) -> WFile:
@@ -358,6 +361,8 @@ class WritePath:
                 if wf.opens > 0 or (wf.dirty and not wf.unlinked):
                     return
                 wf.dropped = True
+            if self.seeds is not None:
+                copies.seed(self.seeds, wf)
             self.discard(wf)
             with st.mu:
                 if wf.path is not None and st.files.get(wf.path) is wf:

@@ -44,6 +44,7 @@ beyond that stages its file inline, so a writer faster than the link is slowed, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -71,10 +72,13 @@ OPEN_IDLE_SECONDS = 5.0
 class WriteBack:
     """The parked files of one mount and the workers that stage them."""
 
-    def __init__(self, writes: WritePath, write_dir: str, backlog: int) -> None:
+    def __init__(self, writes: WritePath, write_dir: str, backlog: int, keep_names: bool = False) -> None:
+        """``keep_names``: a staged file's data keeps its name in the journal until its local
+        state is dropped (``--seed-copies`` then links it instead of copying it)."""
         self.writes = writes
         self.state = writes.state
         self.backlog = backlog
+        self.keep_names = keep_names
         self.journal = Journal(write_dir)
         self._mu = threading.Lock()
         self._parked: dict[int, WFile] = {}  # id(wf) -> file, while its record exists
@@ -239,15 +243,27 @@ class WriteBack:
         """``wf`` was staged at ``generation`` (``wf.lock`` held): drop its record if that
         covers what it recorded."""
         if wf.journal_id is None or generation >= wf.journaled_generation:
-            self.forget(wf)  # (with no record of its own: the records it replaced)
+            self.forget(wf, keep_name=self.keep_names)  # (with no record of its own: the records it replaced)
 
-    def forget(self, wf: WFile) -> None:
-        """Drop ``wf``'s record (staged, or unlinked: nothing of it is to be staged)."""
+    def forget(self, wf: WFile, keep_name: bool = False) -> None:
+        """Drop ``wf``'s record (staged, or unlinked: nothing of it is to be staged); with
+        ``keep_name`` (staged) its data keeps its name, else that name goes too."""
         with self._mu:  # (not wf.lock: a staging in progress holds that while it waits for the server)
             rid, wf.journal_id = wf.journal_id, None
             self._parked.pop(id(wf), None)
+            old_name = wf.kept_name
+            if not keep_name:
+                wf.kept_name = None
+            elif rid is not None:
+                wf.kept_name = self.journal.data_path(rid)
         if rid is not None:
-            self.journal.drop(rid)
+            if keep_name:
+                self.journal.retire(rid)
+            else:
+                self.journal.drop(rid)
+        if old_name is not None and old_name != wf.kept_name:
+            with contextlib.suppress(OSError):
+                os.unlink(old_name)
         self._drop_replaced(wf)
 
     # -- a mount's start and end -------------------------------------------------------

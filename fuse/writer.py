@@ -158,6 +158,9 @@ class WFile:
         #: Records of earlier versions of its path, superseded while they were staged (see
         #: :meth:`WriteBack.supersede`): dropped once this version's own record is written.
         self.replaced_records: list[str] = []
+        #: Its data's name in the journal after its record was dropped (``--seed-copies``: its
+        #: seed can be a link of it); removed when its local state is.
+        self.kept_name: str | None = None
         if fd is not None:
             self.fd, self.size = fd, os.fstat(fd).st_size
         elif base is None:

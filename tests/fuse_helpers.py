@@ -243,3 +243,21 @@ def ls_lines(root: str) -> list[str]:
 
 def dump(obj: object) -> str:
     return json.dumps(obj, indent=1, default=str)[:4000]
+
+
+def mount_stats(mp: str, part: str, until=lambda s: True, timeout: float = 30.0) -> dict:
+    """The mount's counters of ``part`` (a key of its stats file, written every second), once
+    ``until`` holds of them."""
+    from fuse.mount import read_stats
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            stats = read_stats(mp)[part]
+        except (OSError, ValueError, KeyError):
+            stats = None
+        if stats is not None and until(stats):
+            return stats
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the mount's {part} counters did not get there: {stats}")
+        time.sleep(0.2)

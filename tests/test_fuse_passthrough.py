@@ -13,16 +13,15 @@ import errno
 import hashlib
 import os
 import signal
-import time
 
 import pytest
 
 from fabric.cache.files import MAX_FILLING, PARTIAL, FileCopies, copy_key
 from fabric.client.transfer import import_directory
 from fuse.kernel.protocol import kernel_has_passthrough
-from fuse.mount import read_state, read_stats
+from fuse.mount import read_state
 from tests.ci_requirements import requires
-from tests.fuse_helpers import fabric, mounted, needs_fuse
+from tests.fuse_helpers import fabric, mount_stats, mounted, needs_fuse
 from tests.hubserver import unique_name
 from tests.test_fuse_cold_reads import make_files
 
@@ -164,18 +163,8 @@ def tagged(hub, tmp_path_factory):
 
 
 def kernel_stats(mp: str, until=lambda s: True, timeout: float = 10.0) -> dict:
-    """The mount's ``kernel`` counters, once ``until`` holds of them (written every second)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            stats = read_stats(mp)["kernel"]
-        except (OSError, ValueError, KeyError):
-            stats = None
-        if stats is not None and until(stats):
-            return stats
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the mount's counters did not get there: {stats}")
-        time.sleep(0.2)
+    """The mount's ``kernel`` counters, once ``until`` holds of them."""
+    return mount_stats(mp, "kernel", until, timeout)
 
 
 def sha(path: str) -> str:

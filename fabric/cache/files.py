@@ -10,7 +10,9 @@ passthrough from Python"). This cache keeps those plain copies.
   file's size and chunk ids, or of its chunk list's id (a version of a file, whatever its
   path), ``XX`` its first two digits, and ``SUM`` the xxh3-128 of the copy's bytes. Copies
   being filled lie in ``files/partial/``, which start-up empties (with anything else there
-  not named so).
+  not named so). ``files/incoming/`` is another process's (:mod:`fabric.cache.seeds`): copies
+  of files it wrote, placed under their names when complete; an :meth:`FileCopies.open` of a
+  key this cache does not know looks for such a copy on disk.
 - **Filling**: the bytes a mount serves its readers are written to the copy too, at their
   offsets and in any order (:meth:`Filling.write`). They were checked on the way: against
   their ids on arrival, against their records' checksums when read from the packs. Once
@@ -52,6 +54,7 @@ log = logging.getLogger("fabric.cache")
 
 FILES = "files"
 PARTIAL = "partial"
+INCOMING = "incoming"
 #: Files smaller than this are not copied.
 MIN_SIZE = 1024 * 1024
 #: Copies being filled at once, at most.
@@ -143,15 +146,14 @@ class FileCopies:
     def _load(self) -> None:
         found: list[tuple[float, str, int, str]] = []
         for sub in os.scandir(self.dir):
-            if sub.name == PARTIAL or not sub.is_dir(follow_symlinks=False):
+            if sub.name in (PARTIAL, INCOMING) or not sub.is_dir(follow_symlinks=False):
                 continue
             for f in os.scandir(sub.path):
-                key, _, checksum = f.name.partition("-")
-                if f.is_file(follow_symlinks=False) and len(key) == 64 and len(checksum) == 32 and key[:2] == sub.name:
-                    st = f.stat(follow_symlinks=False)
-                    found.append((st.st_mtime, key, st.st_size, checksum))
-                else:
+                named = copy_name(f, sub.name)
+                if named is None:
                     _unlink(f.path)
+                else:
+                    found.append((f.stat(follow_symlinks=False).st_mtime, *named))
         for _, key, size, checksum in sorted(found):
             self._copies[key] = (size, checksum)
             self._bytes += size
@@ -172,9 +174,11 @@ class FileCopies:
         start-up reads the copy whole to check it: call it outside locks other opens need."""
         with self.lock:
             held = self._copies.get(key)
-            if held is None:
-                return None
-            self._copies.move_to_end(key)
+        if held is None and (held := self._adopt(key)) is None:
+            return None
+        with self.lock:
+            if key in self._copies:
+                self._copies.move_to_end(key)
             checked = key in self._checked or not self.check
         path = self._path(key, held[1])
         try:
@@ -197,10 +201,28 @@ class FileCopies:
             pass
         return fd
 
+    def _adopt(self, key: str) -> tuple[int, str] | None:
+        """A copy of ``key`` placed since start-up by another process (:mod:`fabric.cache.seeds`),
+        now one of this cache's (unchecked yet); None where there is none."""
+        try:
+            with os.scandir(os.path.join(self.dir, key[:2])) as found:
+                named = next((n for f in found if f.name.startswith(key) and (n := copy_name(f, key[:2]))), None)
+        except OSError:
+            return None
+        if named is None:
+            return None
+        _, size, checksum = named
+        with self.lock:
+            if key not in self._copies:
+                self._copies[key] = (size, checksum)
+                self._bytes += size
+        self._evict()
+        return size, checksum
+
     @staticmethod
     def _intact(fd: int, size: int, checksum: str) -> bool:
         """Whether the file open as ``fd`` is ``size`` bytes whose xxh3-128 is ``checksum``."""
-        return os.fstat(fd).st_size == size and _checksum(fd) == checksum
+        return os.fstat(fd).st_size == size and file_checksum(fd) == checksum
 
     def filling(self, key: str, size: int) -> Filling | None:
         """The copy of ``key`` being filled (started now if need be); None where none is made."""
@@ -263,7 +285,7 @@ class FileCopies:
         error = checksum = None
         with f.io:
             try:
-                checksum = _checksum(f.fd)
+                checksum = file_checksum(f.fd)
                 os.fdatasync(f.fd)  # (renamed in place before its bytes reach the disk, a copy could read as zeros after a power loss)
                 dest = self._path(f.key, checksum)
                 os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
@@ -322,7 +344,15 @@ class FileCopies:
                     "made": self.made, "evicted": self.evicted, "dropped": self.dropped, "corruptions": self.corruptions}
 
 
-def _checksum(fd: int) -> str:
+def copy_name(f: os.DirEntry, sub: str) -> tuple[str, int, str] | None:
+    """``(key, size, checksum)`` of a copy's file in ``files/SUB/``; None for anything else."""
+    key, _, checksum = f.name.partition("-")
+    if len(key) != 64 or len(checksum) != 32 or key[:2] != sub or not f.is_file(follow_symlinks=False):
+        return None
+    return key, f.stat(follow_symlinks=False).st_size, checksum
+
+
+def file_checksum(fd: int) -> str:
     """The xxh3-128 of the whole file open as ``fd``, in hex."""
     h = xxhash.xxh3_128()
     buf = bytearray(CHECK_READ)

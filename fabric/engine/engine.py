@@ -28,7 +28,7 @@ from fabric.engine.tree import Trees
 from fabric.errors import BadRequest, ChunksMissing, Conflict, MergeConflict, NotFound, ObjectNotFound
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.listing import Change, Listing, change_kind
-from fabric.format.model import FILE, INLINE_CHUNKS, Commit, Entry, stored_ids
+from fabric.format.model import FILE, INLINE_CHUNKS, Commit, Entry, chunk_list_object, stored_ids
 from fabric.format.paths import COMMIT_ID_RE, check_bucket_name, check_path, check_prefix, check_ref_name, check_repo_name
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.reads import HintedEntries
@@ -492,7 +492,7 @@ class Engine(DataPlane):
         """Move a long inline chunk list into its own object (entries as stored)."""
         if entry is None or entry.kind != FILE or len(entry.chunks) <= INLINE_CHUNKS:
             return entry
-        return entry.with_(chunks=(), chunklist=self.meta.put(CHUNKLIST, [[c, n] for c, n in entry.chunks]))
+        return entry.with_(chunks=(), chunklist=self.meta.put(CHUNKLIST, chunk_list_object(entry.chunks)))
 
     def put_object(
         self,

@@ -33,8 +33,16 @@ def object_key(oid: str) -> str:
 def encode_object(kind: bytes, value: Any) -> tuple[str, bytes]:
     """Return ``(id, stored bytes)`` for a value of ``kind``."""
     body = msgpack.packb(value, use_bin_type=True)
-    oid = blake3.blake3(kind + body).hexdigest()
-    return oid, kind + zstandard.ZstdCompressor(level=3).compress(body)
+    return _object_id(kind, body), kind + zstandard.ZstdCompressor(level=3).compress(body)
+
+
+def object_id(kind: bytes, value: Any) -> str:
+    """The id a value of ``kind`` has once stored (what :func:`encode_object` names it)."""
+    return _object_id(kind, msgpack.packb(value, use_bin_type=True))
+
+
+def _object_id(kind: bytes, body: bytes) -> str:
+    return blake3.blake3(kind + body).hexdigest()
 
 
 def decode_object(oid: str, stored: bytes, kind: bytes | None = None) -> tuple[bytes, Any]:

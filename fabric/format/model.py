@@ -36,6 +36,11 @@ INLINE_CHUNKS = 64
 HOLE_ID = bytes(32)
 
 
+def chunk_list_object(chunks: Iterable[tuple[bytes, int]]) -> list[list]:
+    """A long chunk list as its own object holds it (what ``Entry.chunklist`` names)."""
+    return [[cid, n] for cid, n in chunks]
+
+
 def stored_ids(chunks: Iterable[tuple[bytes, int]]) -> list[bytes]:
     """The ids of a chunk list that name stored chunks, in order (holes are stored nowhere)."""
     return [cid for cid, _ in chunks if cid != HOLE_ID]

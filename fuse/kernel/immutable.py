@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from fabric.cache.files import FileCopies, Filling, copy_key
+from fabric.cache.files import FileCopies, Filling
 from fabric.format.model import FILE, Entry
+from fuse.copies import copy_key
 from fuse.errors import op
 from fuse.fs import FabricFS
 from fuse.kernel import protocol as P
@@ -226,7 +227,7 @@ class ImmutableMount:
         e = self.open(path)
         key = None
         if self.copies is not None and self.passthrough and e.size >= self.copies.min_size:
-            key = copy_key(e.size, [e.chunklist.encode()] if e.chunklist else [cid for cid, _ in e.chunks])
+            key = copy_key(e)
         with self._lock:
             return self._io.setdefault(nodeid, _FileIO(key, e.size))
 
