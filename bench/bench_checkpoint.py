@@ -409,8 +409,9 @@ class FabricMount(System):
         that saved it)."""
         if self.copies:
             seeded = ["--passthrough", "--cache-dir", self.copies]
-            return {key: self._restore_through(self.env.spoke_url, verified, directory, ckpt, seeded + extra)
-                    for key, extra in (("restore_seeded_s", []), ("restore_seeded_trusted_s", ["--no-passthrough-check"]))}
+            return {key: self._restore_through(self.env.spoke_url, verified, directory, ckpt, seeded + extra, scrubbed)
+                    for key, extra, scrubbed in (("restore_seeded_s", [], False), ("restore_seeded_scrubbed_s", [], True),
+                                                 ("restore_seeded_trusted_s", ["--no-passthrough-check"], False))}
         if self.name != "fabric-local":
             return {}
         beside = ["--spoke-cache", os.path.join(self.env.work, "spoke")]
@@ -418,8 +419,10 @@ class FabricMount(System):
                 for key, url, extra in (("restore_warm_s", self.env.spoke_url, []), ("restore_warm_files_s", self.env.spoke_url, beside),
                                         ("restore_cold_s", self.env.cold_spoke_url, []))}
 
-    def _restore_through(self, url: str, commit: str, directory: str, ckpt: Checkpoint, extra: list[str]) -> float:
-        """Seconds to read ``ckpt`` back through a read-only mount of ``commit`` from ``url``."""
+    def _restore_through(self, url: str, commit: str, directory: str, ckpt: Checkpoint, extra: list[str],
+                         scrubbed: bool = False) -> float:
+        """Seconds to read ``ckpt`` back through a read-only mount of ``commit`` from ``url``;
+        ``scrubbed``: once the mount's scrub has checked every copy (a mount up for a while)."""
         root = f"{self.root}-ro"
         os.makedirs(root, exist_ok=True)
         cmd = [*self.cli, "mount", url, f"{self.repo}@{commit}", root, "--token", self.env.token, "--log-file", f"{self.log}.ro", *extra]
@@ -428,10 +431,23 @@ class FabricMount(System):
             unmount(root)
             raise SystemExit(f"fabric mount (read-only) failed: {p.stderr[-2000:]}")
         try:
+            if scrubbed:
+                wait_until(lambda: scrub_done(root), time.perf_counter(), 120, "the mount's scrub of its copies", f"{self.log}.ro")
             return read_checkpoint(os.path.join(root, directory), ckpt)
         finally:
             subprocess.run([*self.cli, "umount", root], env=fabric_env(), cwd=FABRIC_SRC, capture_output=True, check=False)
             unmount(root)
+
+
+def scrub_done(mountpoint: str) -> bool:
+    """Whether a --passthrough mount's scrub has checked every copy (its stats file says so)."""
+    from fuse.mount import read_stats
+
+    try:
+        copies = read_stats(mountpoint)["kernel"]["copies"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return copies["unchecked"] == 0 and copies["copies"] > 0
 
 
 class RcloneMount(System):
@@ -685,8 +701,9 @@ ROWS = (("stall_s", "stall", "s"), ("at_hub_s", "at hub", "s"), ("stall_mb_s", "
         ("restore_warm_files_s", "restore: warm spoke, the mount reading its cache files", "s"),
         ("restore_cold_s", "restore: cold spoke (over the WAN)", "s"),
         ("restore_seeded_s", "restore: the writer's machine, `--passthrough` over its `--seed-copies` (fabric-writeback)", "s"),
+        ("restore_seeded_scrubbed_s", "restore: the same, the mount up until its scrub has checked the copies (fabric-writeback)", "s"),
         ("restore_seeded_trusted_s", "restore: the same, `--no-passthrough-check` (fabric-writeback)", "s"))
-SEEDED_ROWS = ("restore_seeded_s", "restore_seeded_trusted_s")
+SEEDED_ROWS = ("restore_seeded_s", "restore_seeded_scrubbed_s", "restore_seeded_trusted_s")
 #: The local disk's restore is the reference of every restore row.
 LOCAL_REFERENCE = {"restore_warm_files_s": "restore_warm_s", "restore_cold_s": "restore_warm_s"} | dict.fromkeys(SEEDED_ROWS, "restore_warm_s")
 #: The system a row's ratios are of (fabric-local where not named).
@@ -734,8 +751,9 @@ def render(report: dict) -> str:
          "`--spoke-cache` (the mount reads the spoke's cache files, as a mount beside its spoke may), and of a third spoke "
          "in no group that never saw it (cold: every chunk over the same WAN link); fabric-writeback (which runs with "
          "`--seed-copies DIR`) through a `--passthrough` mount of the commit with `--cache-dir DIR`, each copy checked whole at "
-         "its first open (and again with `--no-passthrough-check`: copies trusted at rest); each restore row's ratio to "
-         "local-disk is against local-disk's read from its disk, and is fabric-writeback's in the last two rows"),
+         "its first open, then read once the mount's scrub has checked them (before the page cache is dropped), and with "
+         "`--no-passthrough-check` (copies trusted at rest); each restore row's ratio to local-disk is against local-disk's "
+         "read from its disk, and is fabric-writeback's in the last three rows"),
         f"- command: `{report['command']}`",
         "",
         "| row | unit | " + " | ".join(SYSTEMS) + " | fabric-local / rclone | fabric-local / local-disk |",

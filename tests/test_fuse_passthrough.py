@@ -13,10 +13,12 @@ import errno
 import hashlib
 import os
 import signal
+import time
 
 import pytest
 
 from fabric.cache.files import MAX_FILLING, PARTIAL, FileCopies, copy_key
+from fabric.cache.scrub import CopyScrub
 from fabric.client.transfer import import_directory
 from fuse.kernel.protocol import kernel_has_passthrough
 from fuse.mount import read_state
@@ -102,6 +104,47 @@ def test_a_copy_is_checked_whole_at_its_first_open_after_a_start(tmp_path):
     assert again.open(key, len(data)) is None and not os.path.exists(path)
     assert again.snapshot()["corruptions"] == 1 and again.snapshot()["copies"] == 0
     again.close()
+
+
+def _flip_a_byte(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:  # a bad disk: one byte changed, the size the same
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_the_scrub_checks_copies_before_their_opens_and_again_while_the_mount_runs(tmp_path):
+    made = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    blobs = {copy_key(MIB + i, [bytes([i]) * 32]): os.urandom(MIB + i) for i in range(3)}
+    for key, data in blobs.items():
+        made.filling(key, len(data)).write(data, 0)
+    made.close()
+    paths = {key: next(p for p in (tmp_path / "files" / key[:2]).iterdir() if p.name.startswith(key)) for key in blobs}
+    bad, later, good = list(blobs)
+    _flip_a_byte(str(paths[bad]), 1000)
+
+    copies = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    assert set(copies.unchecked()) == set(blobs)
+    scrub = CopyScrub(copies, interval=0.5)
+    try:
+        deadline = time.monotonic() + 10
+        while copies.unchecked() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        snap = copies.snapshot()
+        assert snap["unchecked"] == 0 and snap["scrubbed"] == 2 and snap["corruptions"] == 1  # before any open
+        assert not paths[bad].exists() and copies.open(bad, len(blobs[bad])) is None
+        fd = copies.open(good, len(blobs[good]))
+        assert fd is not None and os.pread(fd, len(blobs[good]), 0) == blobs[good]
+        os.close(fd)
+        _flip_a_byte(str(paths[later]), 5)  # damaged at rest while the mount runs: the next pass finds it
+        while copies.snapshot()["corruptions"] < 2 and time.monotonic() < deadline + 5:
+            time.sleep(0.05)
+        assert copies.snapshot()["corruptions"] == 2 and not paths[later].exists()
+        assert copies.open(later, len(blobs[later])) is None
+    finally:
+        scrub.close()
+        copies.close()
 
 
 def test_copies_can_be_trusted_at_rest_where_the_file_system_checks_them(tmp_path):

@@ -169,6 +169,8 @@ def test_a_checkpoint_written_with_seed_copies_is_restored_by_the_kernel_from_th
     plane.create_tag(repo, "step-1", "main")
 
     with mounted(hub.url, hub.token, f"{repo}@step-1", tmp_path / "restore", "--passthrough", "--cache-dir", seeds) as mp:
+        scrubbed = kernel_stats(mp, lambda s: s["copies"]["unchecked"] == 0)["copies"]  # checked before any open
+        assert scrubbed["scrubbed"] == 3 and scrubbed["corruptions"] == 0
         for name, data in shards.items():
             with open(os.path.join(mp, name), "rb") as f:
                 assert hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest()

@@ -24,13 +24,14 @@ passthrough from Python"). This cache keeps those plain copies.
   ``budget`` bytes: a copy started evicts the least recently opened copies (then, if need be,
   the least recently written of those being filled). The order survives restarts (a copy's
   mtime is its last open). An evicted copy still open is read to its end (the kernel holds it).
-- **At rest**: the kernel reads a copy as it reads any local file, unchecked. So the first
-  :meth:`FileCopies.open` of a copy after start-up reads it whole and checks its size and
-  checksum (DESIGN.md §8: corruption is never served); a copy that fails is removed (counted
-  in ``corruptions``) and its file served from chunks, which fills a new copy. That read
-  leaves the copy in the page cache, where the kernel's own read then finds it. A copy
-  damaged after that check, while the mount runs, is not caught; with ``check`` off
-  (``--no-passthrough-check``, for a file system that checks its data itself) none is. The directory is the
+- **At rest**: the kernel reads a copy as it reads any local file, unchecked. So each copy
+  is read whole and its size and checksum checked once after start-up before it is served
+  (DESIGN.md §8: corruption is never served): by the scrub (:mod:`fabric.cache.scrub`,
+  :meth:`FileCopies.check_copy`) or, if that has not got to it, by its first
+  :meth:`FileCopies.open`, which then leaves it in the page cache for the kernel's read. A
+  copy that fails is removed (counted in ``corruptions``) and its file served from chunks,
+  which fills a new copy. The scrub checks every copy again each day; with ``check`` off
+  (``--no-passthrough-check``, for a file system that checks its data itself) nothing is. The directory is the
   mount's own (locked with the packs).
 - **Failures**: a copy that cannot be written (disk full, I/O error) is dropped and its
   file served as before; a crash leaves partial copies, removed at the next start.
@@ -134,11 +135,12 @@ class FileCopies:
         #: key -> (size, checksum) of the complete copies, least recently opened first.
         self._copies: OrderedDict[str, tuple[int, str]] = OrderedDict()
         self._checked: set[str] = set()  # read back whole since start-up, and right
+        self._checking: dict[str, threading.Event] = {}  # being read back: set once done
         self._bytes = 0
         self._filling: OrderedDict[str, Filling] = OrderedDict()  # least recently written first
         self._filling_bytes = 0  # the sizes of the copies being filled: reserved in the budget
         self._finisher = ThreadPoolExecutor(1, thread_name_prefix="fabric-copies")
-        self.made = self.evicted = self.dropped = self.corruptions = 0
+        self.made = self.evicted = self.dropped = self.corruptions = self.scrubbed = 0
         shutil.rmtree(self.partial, ignore_errors=True)
         os.makedirs(self.partial, mode=0o700, exist_ok=True)
         self._load()
@@ -186,15 +188,10 @@ class FileCopies:
         except OSError:
             self._forget(key)
             return None
-        if held[0] != size or (not checked and not self._intact(fd, size, held[1])):
+        if held[0] != size or (not checked and not self._verify(key, fd, held)):
             os.close(fd)
-            log.warning("copy %s is damaged (not its file's size or checksum): removed; the file is read from chunks", path)
-            with self.lock:
-                self.corruptions += 1
-            self._remove(key)
+            self._damaged(key, "the file is read from chunks")
             return None
-        with self.lock:
-            self._checked.add(key)
         try:
             os.utime(fd)  # its place in the eviction order, across restarts
         except OSError:
@@ -219,10 +216,75 @@ class FileCopies:
         self._evict()
         return size, checksum
 
-    @staticmethod
-    def _intact(fd: int, size: int, checksum: str) -> bool:
-        """Whether the file open as ``fd`` is ``size`` bytes whose xxh3-128 is ``checksum``."""
-        return os.fstat(fd).st_size == size and file_checksum(fd) == checksum
+    def _verify(self, key: str, fd: int, held: tuple[int, str]) -> bool:
+        """Whether copy ``key``, open as ``fd``, is ``held``'s size and checksum; read once: a
+        check of it under way in another thread (an open, the scrub) is waited for instead."""
+        while True:
+            with self.lock:
+                if key in self._checked:
+                    return True
+                if key not in self._copies:
+                    return False  # (found damaged by the check waited for, and removed)
+                running = self._checking.get(key)
+                if running is None:
+                    done = self._checking[key] = threading.Event()
+            if running is None:
+                break
+            running.wait()  # (then checked, or damaged and removed: read it ourselves)
+        try:
+            intact = os.fstat(fd).st_size == held[0] and file_checksum(fd) == held[1]
+            if intact:
+                with self.lock:
+                    self._checked.add(key)
+            return intact
+        finally:
+            with self.lock:
+                del self._checking[key]
+            done.set()
+
+    def _damaged(self, key: str, then: str) -> None:
+        held = self._forget(key)
+        if held is None:
+            return  # (removed already: by the check that found it, or evicted)
+        log.warning("copy %s is damaged (not its file's size or checksum): removed; %s", key, then)
+        with self.lock:
+            self.corruptions += 1
+        _unlink(self._path(key, held[1]))
+
+    # -- the scrub (:mod:`fabric.cache.scrub`) ---------------------------------------------
+    def unchecked(self) -> list[str]:
+        """The copies not checked since start-up (or :meth:`forget_checks`), most recently
+        opened first."""
+        with self.lock:
+            return [k for k in reversed(self._copies) if k not in self._checked]
+
+    def forget_checks(self) -> None:
+        """Let every copy be checked again (by the scrub, or at its next open)."""
+        with self.lock:
+            self._checked.clear()
+
+    def check_copy(self, key: str) -> bool | None:
+        """Read copy ``key`` whole and check it now, unless done since start-up: whether it is
+        intact (a damaged one is removed); None where there is no such copy any more."""
+        with self.lock:
+            held = self._copies.get(key)
+        if held is None:
+            return None
+        try:
+            fd = os.open(self._path(key, held[1]), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            self._forget(key)
+            return None
+        try:
+            intact = self._verify(key, fd, held)
+        finally:
+            os.close(fd)
+        if not intact:
+            self._damaged(key, "found by the scrub")
+            return False
+        with self.lock:
+            self.scrubbed += 1
+        return True
 
     def filling(self, key: str, size: int) -> Filling | None:
         """The copy of ``key`` being filled (started now if need be); None where none is made."""
@@ -333,15 +395,11 @@ class FileCopies:
                 self._bytes -= held[0]
             return held
 
-    def _remove(self, key: str) -> None:
-        held = self._forget(key)
-        if held is not None:
-            _unlink(self._path(key, held[1]))
-
     def snapshot(self) -> dict[str, int]:
         with self.lock:
             return {"copies": len(self._copies), "bytes": self._bytes, "filling": len(self._filling), "filling_bytes": self._filling_bytes,
-                    "made": self.made, "evicted": self.evicted, "dropped": self.dropped, "corruptions": self.corruptions}
+                    "made": self.made, "evicted": self.evicted, "dropped": self.dropped, "corruptions": self.corruptions,
+                    "scrubbed": self.scrubbed, "unchecked": sum(1 for k in self._copies if k not in self._checked)}
 
 
 def copy_name(f: os.DirEntry, sub: str) -> tuple[str, int, str] | None:

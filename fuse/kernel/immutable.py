@@ -6,8 +6,9 @@ as on any immutable mount, and cached for good by the kernel. What changes is ``
 
 - a file with a complete plain copy in the cache directory (:mod:`fabric.cache.files`) is
   opened with ``FOPEN_PASSTHROUGH`` and that copy as its backing file: the kernel reads it
-  as it reads a local file, and no read of it reaches this process (the copy's first open
-  after start-up reads it whole to check it, outside the lock other opens take);
+  as it reads a local file, and no read of it reaches this process (each copy is read whole
+  and checked once after start-up: by the scrub, :mod:`fabric.cache.scrub`, which starts at
+  INIT, or by its first open if that comes first, outside the lock other opens take);
 - any other file is opened with the kernel's page cache kept (as libfuse's mount keeps it),
   its reads answered from chunks, and the bytes served are written to its copy as well
   (a file of at least 1 MiB), which is complete once every byte has been read once.
@@ -34,6 +35,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from fabric.cache.files import FileCopies, Filling
+from fabric.cache.scrub import CopyScrub
 from fabric.format.model import FILE, Entry
 from fuse.copies import copy_key
 from fuse.errors import op
@@ -77,6 +79,7 @@ class ImmutableMount:
         self.fs, self.session, self.copies = fs, session, copies
         self.stats = fs.stats  # (for fuse.errors.op)
         self.passthrough = False  # the kernel took it at INIT
+        self.scrub: CopyScrub | None = None  # checks the copies ahead of their opens, from INIT
         self._lock = threading.Lock()
         self._paths: dict[int, str] = {ROOT_ID: ""}  # nodeid -> path
         self._ids: dict[str, int] = {"": ROOT_ID}
@@ -122,6 +125,8 @@ class ImmutableMount:
         if self.copies is not None and offered & P.PASSTHROUGH:
             want |= P.PASSTHROUGH
             self.passthrough = True
+            if self.copies.check:
+                self.scrub = CopyScrub(self.copies)
         elif self.copies is not None:
             log.warning("the kernel (FUSE %d.%d) does not offer passthrough: files are read through the mount", major, minor)
         self.fs.init_with_config(None, None)  # (starts the mount's threads; reports it ready)
@@ -351,6 +356,8 @@ def serve(fs: FabricFS, mountpoint: str, source: str, *, allow_other: bool,
     try:
         session.serve(mount, MAX_THREADS, (lambda op: begin_op(OP_NAMES.get(op, "")), end_op))
     finally:
+        if mount.scrub is not None:
+            mount.scrub.close()
         fs.destroy("/")
         if copies is not None:
             copies.close()

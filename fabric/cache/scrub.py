@@ -1,0 +1,69 @@
+"""The background check of a ``--passthrough`` mount's plain copies (:mod:`fabric.cache.files`).
+
+The kernel reads a copy unchecked, so each copy is read whole and checked against its
+checksum before its first open after start-up is served. Done at that open, the check costs
+the open a read of the whole file (a restore then reads the disk once for the check, then the
+page cache). The scrub does it beforehand: from start-up, one copy after another, most
+recently opened first (the likeliest to be read next), at the idle I/O priority where the
+kernel offers one, so that a mount up for a while serves its first opens at once; an open of a
+copy the scrub is reading waits for that read instead of making its own. Every
+:data:`INTERVAL` it starts over, so a copy damaged at rest while the mount runs is found and
+removed too (opens after that read the file from chunks; one open already is not undone).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+import threading
+
+from fabric.cache.files import FileCopies
+
+log = logging.getLogger("fabric.cache")
+
+#: Seconds between two passes over every copy.
+INTERVAL = 24 * 3600.0
+#: ``ioprio_set`` by machine (the idle class: the scrub's reads wait for every other reader's).
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
+_IOPRIO_CLASS_IDLE = 3
+_IOPRIO_CLASS_SHIFT = 13
+
+
+class CopyScrub:
+    """A thread that checks ``copies`` ahead of their opens, and again every ``interval``."""
+
+    def __init__(self, copies: FileCopies, interval: float = INTERVAL) -> None:
+        self.copies, self.interval = copies, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fabric-scrub", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        _idle_io_priority()
+        while not self._stop.is_set():
+            for key in self.copies.unchecked():
+                if self._stop.is_set():
+                    return
+                try:
+                    self.copies.check_copy(key)
+                except OSError as exc:  # (an I/O error of the disk: the open will meet it too)
+                    log.warning("scrub: cannot read copy %s: %s", key, exc)
+            if self._stop.wait(self.interval):
+                return
+            self.copies.forget_checks()
+
+
+def _idle_io_priority() -> None:
+    """Put the calling thread in the idle I/O class, where the kernel has one (best effort)."""
+    number = _IOPRIO_SET.get(platform.machine())
+    if number is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, 1, 0, _IOPRIO_CLASS_IDLE << _IOPRIO_CLASS_SHIFT) != 0:  # IOPRIO_WHO_PROCESS, this thread
+        log.debug("scrub: idle I/O priority refused: %s", os.strerror(ctypes.get_errno()))
