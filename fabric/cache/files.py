@@ -135,7 +135,7 @@ class FileCopies:
         #: key -> (size, checksum) of the complete copies, least recently opened first.
         self._copies: OrderedDict[str, tuple[int, str]] = OrderedDict()
         self._checked: set[str] = set()  # read back whole since start-up, and right
-        self._checking: dict[str, threading.Event] = {}  # being read back: set once done
+        self._checking: dict[str, tuple[threading.Event, bool]] = {}  # being read back (set once done), by the scrub
         self._bytes = 0
         self._filling: OrderedDict[str, Filling] = OrderedDict()  # least recently written first
         self._filling_bytes = 0  # the sizes of the copies being filled: reserved in the budget
@@ -216,9 +216,11 @@ class FileCopies:
         self._evict()
         return size, checksum
 
-    def _verify(self, key: str, fd: int, held: tuple[int, str]) -> bool:
-        """Whether copy ``key``, open as ``fd``, is ``held``'s size and checksum; read once: a
-        check of it under way in another thread (an open, the scrub) is waited for instead."""
+    def _verify(self, key: str, fd: int, held: tuple[int, str], scrub: bool = False) -> bool:
+        """Whether copy ``key``, open as ``fd``, is ``held``'s size and checksum. An open waits
+        for another open's check of it rather than read it too; it does not wait for the
+        scrub's (``scrub``), which reads at the idle I/O priority behind every other reader."""
+        done = None
         while True:
             with self.lock:
                 if key in self._checked:
@@ -227,10 +229,12 @@ class FileCopies:
                     return False  # (found damaged by the check waited for, and removed)
                 running = self._checking.get(key)
                 if running is None:
-                    done = self._checking[key] = threading.Event()
-            if running is None:
-                break
-            running.wait()  # (then checked, or damaged and removed: read it ourselves)
+                    done = threading.Event()
+                    self._checking[key] = (done, scrub)
+                    break
+                if running[1] and not scrub:
+                    break  # (read it too: its pages the scrub has read already come from memory)
+            running[0].wait()
         try:
             intact = os.fstat(fd).st_size == held[0] and file_checksum(fd) == held[1]
             if intact:
@@ -238,9 +242,10 @@ class FileCopies:
                     self._checked.add(key)
             return intact
         finally:
-            with self.lock:
-                del self._checking[key]
-            done.set()
+            if done is not None:
+                with self.lock:
+                    del self._checking[key]
+                done.set()
 
     def _damaged(self, key: str, then: str) -> None:
         held = self._forget(key)
@@ -276,7 +281,7 @@ class FileCopies:
             self._forget(key)
             return None
         try:
-            intact = self._verify(key, fd, held)
+            intact = self._verify(key, fd, held, scrub=True)
         finally:
             os.close(fd)
         if not intact:
