@@ -7,13 +7,14 @@ instead of out of chunks.
 - **Names**: a seed is named as :class:`~fabric.cache.files.FileCopies` names its copies
   (``files/XX/KEY-SUM``), so a passthrough mount takes it up at its start, or at the first
   open of its key while it runs, and checks it at that first open as it checks any copy.
-- **Placing**: :meth:`CopySeeder.seed` makes ``files/incoming/PID-KEY`` at once: a hard link
-  to the writer's file where both lie on one file system and the file can take one (no
-  bytes copied), a copy made in the kernel otherwise (``copy_file_range``, which shares the
-  blocks on XFS and btrfs). A ``--writeback`` mount's file is copied: its name in the
-  journal is gone once it is staged, and an unnamed file that had a name cannot take one. The writer may then drop its file. In the background the seed's size is
-  checked, its bytes summed (xxh3-128) and flushed (``fdatasync``), and it is renamed to its
-  name: the directory never shows a partial copy under a copy's name. Entries of
+- **Placing**: :meth:`CopySeeder.seed` makes ``files/incoming/PID-KEY`` at once, a hard link
+  to the writer's file (no bytes copied), and the writer may then drop its file. Where no link
+  can be made (``DIR`` on another file system), the seed is copied in the background, in the
+  kernel (``copy_file_range``, which shares the blocks on XFS and btrfs, else ``sendfile``),
+  from a duplicate of the writer's descriptor, which keeps the file until then. In the
+  background too the seed's size is checked, its bytes summed (xxh3-128) and flushed
+  (``fdatasync``), and it is renamed to its name: the directory never shows a partial copy
+  under a copy's name. Entries of
   ``incoming/`` whose process is gone (a crash) are removed when a seeder starts.
 - **Budget**: the copies in the directory stay within ``budget`` bytes: placing a seed
   removes the least recently opened others (oldest mtime; a passthrough mount touches a copy
@@ -57,23 +58,29 @@ class CopySeeder:
 
     def seed(self, fd: int, key: str, size: int) -> bool:
         """Take the file open as ``fd`` (read-only is enough), ``size`` bytes of the file version
-        named ``key``, as a copy. What must happen before the caller drops its file happens now;
-        the rest in the background. False where no seed is made (too small or too large for the
-        budget, one of that key there already or on its way, or the link and the copy failed)."""
+        named ``key``, as a copy; the caller may close and drop its file once this returns. A
+        link is made now; a copy, where no link can be made, in the background from a
+        duplicate of ``fd`` (which keeps the file until then). False where no seed is made (too
+        small or too large for the budget, one of that key there already or on its way, or
+        neither a link nor a duplicate could be made)."""
         if size < self.min_size or size > self.budget or self._placed(key):
             return False
         tmp = os.path.join(self.incoming, f"{os.getpid()}-{key}")
         try:
-            linked = _link_or_copy(fd, tmp, size)
+            linked = _link(fd, tmp)
+            source = None if linked else os.dup(fd)
         except FileExistsError:
             return False  # the same version, seeded a moment ago: on its way
         except OSError as exc:
             self._failed(tmp, f"cannot make it: {exc}")
             return False
         try:
-            self._placer.submit(self._place, tmp, key, size)
+            self._placer.submit(self._place, tmp, key, size, source)
         except RuntimeError:  # closed
-            _unlink(tmp)
+            if source is None:
+                _unlink(tmp)
+            else:
+                os.close(source)
             return False
         if linked:
             with self._lock:
@@ -87,8 +94,17 @@ class CopySeeder:
         except OSError:
             return False
 
-    def _place(self, tmp: str, key: str, size: int) -> None:
+    def _place(self, tmp: str, key: str, size: int, source: int | None) -> None:
+        """Copy ``source`` to ``tmp`` unless ``tmp`` is a link already; check, sum, flush and
+        name it."""
         try:
+            if source is not None:
+                try:
+                    if self._placed(key):
+                        return
+                    _copy(source, tmp, size)
+                finally:
+                    os.close(source)
             fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             try:
                 if os.fstat(fd).st_size != size:
@@ -101,6 +117,8 @@ class CopySeeder:
             os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
             os.rename(tmp, dest)
             os.utime(dest)  # the most recent: the last to be evicted
+        except FileExistsError:
+            return  # (a copy of the same version on its way: the first one is kept)
         except OSError as exc:
             self._failed(tmp, str(exc))
             return
@@ -146,22 +164,26 @@ class CopySeeder:
             return {"seeded": self.seeded, "linked": self.linked, "failed": self.failed, "evicted": self.evicted}
 
 
-def _link_or_copy(fd: int, dest: str, size: int) -> bool:
-    """Make ``dest`` a name of the file open as ``fd`` (True), or a copy of it where a link
-    cannot be made (False): another file system, or a file that had a name and lost it (a
-    ``--writeback`` mount's file, named in its journal until staged)."""
-    try:
-        proc_fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:  # (linkat with AT_SYMLINK_FOLLOW: a name for the file itself, even one made O_TMPFILE)
-            os.link(str(fd), dest, src_dir_fd=proc_fds, follow_symlinks=True)
-        finally:
-            os.close(proc_fds)
+def _link(fd: int, dest: str) -> bool:
+    """Make ``dest`` a name of the file open as ``fd``; False where none can be made: another
+    file system, or a file that had a name and lost it (a ``--writeback`` mount's file is
+    named in its journal until its local state is dropped, for this)."""
+    proc_fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:  # (linkat with AT_SYMLINK_FOLLOW: a name for the file itself, even one made O_TMPFILE)
+        os.link(str(fd), dest, src_dir_fd=proc_fds, follow_symlinks=True)
         return True
     except FileExistsError:
         raise
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.ENOENT, errno.EMLINK):
             raise
+        return False
+    finally:
+        os.close(proc_fds)
+
+
+def _copy(fd: int, dest: str, size: int) -> None:
+    """Copy the ``size`` bytes of the file open as ``fd`` to a new file ``dest``, in the kernel."""
     out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         offset, in_kernel = 0, True
@@ -185,7 +207,6 @@ def _link_or_copy(fd: int, dest: str, size: int) -> bool:
         _unlink(dest)
         raise
     os.close(out)
-    return False
 
 
 def _unlink(path: str) -> None:
