@@ -29,10 +29,10 @@ class MountConfig:
     stream_writes: bool = True  # chunk and send files written in order while they are written
     fetch_workers: int = 4
     passthrough: bool = False  # serve on the kernel's protocol, files with a copy in cache_dir read by the kernel (fuse/kernel)
-    check_copies: bool = True  # read each copy whole at its first open to check it (fabric/cache/files.py)
+    check_copies: bool = True  # read each copy whole once after start-up to check it: the scrub, or its first open (fabric/cache/scrub.py)
     seed_copies: str | None = None  # a --passthrough mount's --cache-dir: copies of the files staged are left there (fabric/cache/seeds.py)
     seed_copies_size: int = 5 * 1024**3
-    job: str | None = None
+    job: str | None = None  # FABRIC_JOB: the job the mount reads for (a spoke learns its opens, fuse/opens.py)
 
     @property
     def copies_budget(self) -> int:
@@ -42,4 +42,4 @@ class MountConfig:
     @property
     def packs_budget(self) -> int:
         """What --cache-size leaves the chunk packs."""
-        return self.cache_size - self.copies_budget  # FABRIC_JOB: the job the mount reads for (a spoke learns its opens, fuse/opens.py)
+        return self.cache_size - self.copies_budget

@@ -113,12 +113,12 @@ def check_write_dirs(cfg: MountConfig) -> None:
     if cfg.seed_copies and cfg.cache_dir and os.path.realpath(cfg.cache_dir) == os.path.realpath(cfg.seed_copies):
         raise BadRequest("--seed-copies must not be this mount's own --cache-dir: the --passthrough mount that reads "
                          "the copies needs that directory for itself; give it a directory of its own")
-    if not cfg.writable:
-        return
-    for option, path in (("--write-dir", cfg.write_dir), ("--seed-copies", cfg.seed_copies and os.path.join(cfg.seed_copies, FILES, INCOMING))):
+    wanted = {"--write-dir": cfg.write_dir, "--seed-copies": cfg.seed_copies and os.path.join(cfg.seed_copies, FILES, INCOMING)}
+    for option, path in wanted.items():
+        if not cfg.writable or not path:
+            continue
         try:
-            if path:
-                os.makedirs(path, mode=0o700, exist_ok=True)
+            os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError as exc:
             raise BadRequest(f"cannot keep files in {option} {path!r}: {exc.strerror}") from None
 

@@ -62,6 +62,12 @@ class Hub:
 
         return HttpPlane(self.url, self.token if token is True else (token or None))
 
+    def new_repo(self, stem: str = "r") -> str:
+        """A fresh repository on this hub (tests share one hub), its name."""
+        repo = unique_name(stem)
+        self.plane().create_repo(repo)
+        return repo
+
     def log(self) -> str:
         with open(self.log_path, "rb") as f:
             return f.read().decode("utf-8", "replace")

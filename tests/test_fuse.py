@@ -216,9 +216,7 @@ def test_a_branch_reset_to_a_version_the_kernel_holds_pages_of_reads_whole(hub, 
     # The kernel may hold the size of one version (from a listing) and the pages of another
     # (from an open). An open of the version whose pages it holds must still correct its size:
     # found by the chaos soak as a read of bytes never written (a version cut to another's size).
-    plane = hub.plane()
-    repo = unique_name("fuse")
-    plane.create_repo(repo)
+    plane, repo = hub.plane(), hub.new_repo("fuse")
     src = tmp_path / "src"
     src.mkdir()
     long, short = bytes(range(256)) * 12, b"short\n"

@@ -16,11 +16,11 @@ import pytest
 
 from fabric.cache.files import INCOMING, FileCopies, copy_key
 from fabric.cache.seeds import CopySeeder
-from fabric.engine.metastore import CHUNKLIST, object_id
+from fabric.engine.metastore import CHUNKLIST, MetaStore
 from fabric.format.model import INLINE_CHUNKS, Entry, chunk_list_object
+from fabric.store import open_store
 from fuse import copies
 from tests.fuse_helpers import _state, fabric, mount_stats, mounted, needs_fuse
-from tests.hubserver import unique_name
 from tests.test_fuse_passthrough import kernel_stats, needs_passthrough
 
 MIB = 1024 * 1024
@@ -117,10 +117,11 @@ def test_seeds_stay_within_their_budget_and_what_a_killed_seeder_left_is_removed
     assert [cache.open(k, 2 * MIB) is not None for k in keys] == [False, True, True]  # the oldest went
 
 
-def test_a_long_file_has_one_copy_name_whether_its_chunk_list_is_inline_or_an_object():
+def test_a_long_file_has_one_copy_name_whether_its_chunk_list_is_inline_or_an_object(tmp_path):
     chunks = tuple((bytes([i % 256, i // 256]) * 16, 1000) for i in range(INLINE_CHUNKS + 1))
     written = Entry(size=1000 * len(chunks), chunks=chunks)  # as the mount that wrote it knows it
-    listed = Entry(size=written.size, chunklist=object_id(CHUNKLIST, chunk_list_object(chunks)))  # as a listing gives it
+    stored = MetaStore(open_store(str(tmp_path / "objects"))).put(CHUNKLIST, chunk_list_object(chunks))  # as a hub stores it
+    listed = Entry(size=written.size, chunklist=stored)  # as a listing gives it
     assert copies.copy_key(written) == copies.copy_key(listed)
     short = Entry(size=3000, chunks=chunks[:3])
     assert copies.copy_key(short) == copy_key(3000, [c for c, _ in chunks[:3]])
@@ -130,13 +131,6 @@ def test_a_long_file_has_one_copy_name_whether_its_chunk_list_is_inline_or_an_ob
 # -- real mounts ----------------------------------------------------------------------------
 def _seed_stats(mp: str, until, part: str = "seeded_copies") -> dict:
     return mount_stats(mp, part, until)
-
-
-def _new_repo(hub, prefix: str):
-    repo = unique_name(prefix)
-    plane = hub.plane()
-    plane.create_repo(repo)
-    return plane, repo
 
 
 def _write(path: str, data: bytes) -> None:
@@ -150,7 +144,7 @@ def _write(path: str, data: bytes) -> None:
 @needs_fuse
 @needs_passthrough
 def test_a_checkpoint_written_with_seed_copies_is_restored_by_the_kernel_from_them(hub, tmp_path):
-    plane, repo = _new_repo(hub, "seed")
+    plane, repo = hub.plane(), hub.new_repo("seed")
     seeds = str(tmp_path / "copies")
     shards = {"ckpt/shard0.bin": os.urandom(2 * MIB + 17),  # under 64 chunks: its ids name it
               "ckpt/shard1.bin": os.urandom(9 * MIB + 3),  # over 64: its chunk list's id names it
@@ -183,7 +177,7 @@ def test_a_checkpoint_written_with_seed_copies_is_restored_by_the_kernel_from_th
 @needs_fuse
 @needs_passthrough
 def test_a_running_passthrough_mount_takes_up_copies_seeded_after_its_start(hub, tmp_path):
-    plane, repo = _new_repo(hub, "seedlive")
+    plane, repo = hub.plane(), hub.new_repo("seedlive")
     seeds = str(tmp_path / "copies")
     data = os.urandom(4 * MIB + 1)
     with mounted(hub.url, hub.token, f"{repo}@main", tmp_path / "rw", "--rw", "--write-dir", str(tmp_path / "w")) as mp:
@@ -206,7 +200,7 @@ def test_a_running_passthrough_mount_takes_up_copies_seeded_after_its_start(hub,
 
 @needs_fuse
 def test_seed_copies_refuses_what_it_cannot_do(hub, tmp_path):
-    _, repo = _new_repo(hub, "seedbad")
+    repo = hub.new_repo("seedbad")
     mp = str(tmp_path / "m")
     os.makedirs(mp)
     ro = fabric("mount", hub.url, f"{repo}@main", mp, "--seed-copies", str(tmp_path / "c"), token=hub.token, check=False)
@@ -232,7 +226,7 @@ def test_a_writer_killed_while_it_keeps_a_staged_files_name_restarts_clean(hub, 
     # a kill -9 then leaves that name, and the restarted mount removes it and stages nothing twice.
     from fuse.writeback import OPEN_IDLE_SECONDS
 
-    plane, repo = _new_repo(hub, "seedkill")
+    plane, repo = hub.plane(), hub.new_repo("seedkill")
     write_dir, seeds = tmp_path / "w", str(tmp_path / "copies")
     journal = write_dir / "writeback"
     opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--seed-copies", seeds)

@@ -46,7 +46,7 @@ import os
 import shutil
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
@@ -147,15 +147,11 @@ class FileCopies:
 
     def _load(self) -> None:
         found: list[tuple[float, str, int, str]] = []
-        for sub in os.scandir(self.dir):
-            if sub.name in (PARTIAL, INCOMING) or not sub.is_dir(follow_symlinks=False):
-                continue
-            for f in os.scandir(sub.path):
-                named = copy_name(f, sub.name)
-                if named is None:
-                    _unlink(f.path)
-                else:
-                    found.append((f.stat(follow_symlinks=False).st_mtime, *named))
+        for f, named in copy_files(self.dir):
+            if named is None:
+                unlink_quietly(f.path)
+            else:
+                found.append((f.stat(follow_symlinks=False).st_mtime, *named))
         for _, key, size, checksum in sorted(found):
             self._copies[key] = (size, checksum)
             self._bytes += size
@@ -168,7 +164,7 @@ class FileCopies:
             self.drop(f, "")
 
     def _path(self, key: str, checksum: str) -> str:
-        return os.path.join(self.dir, key[:2], f"{key}-{checksum}")
+        return copy_path(self.dir, key, checksum)
 
     def open(self, key: str, size: int) -> int | None:
         """A read-only descriptor of the complete copy ``key`` of a ``size``-byte file, or None
@@ -182,11 +178,8 @@ class FileCopies:
             if key in self._copies:
                 self._copies.move_to_end(key)
             checked = key in self._checked or not self.check
-        path = self._path(key, held[1])
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            self._forget(key)
+        fd = self._open_copy(key, held)
+        if fd is None:
             return None
         if held[0] != size or (not checked and not self._verify(key, fd, held)):
             os.close(fd)
@@ -198,14 +191,19 @@ class FileCopies:
             pass
         return fd
 
+    def _open_copy(self, key: str, held: tuple[int, str]) -> int | None:
+        """A read-only descriptor of copy ``key`` (``held``: its size and checksum); None (and
+        forgotten) where it is gone."""
+        try:
+            return os.open(self._path(key, held[1]), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            self._forget(key)
+            return None
+
     def _adopt(self, key: str) -> tuple[int, str] | None:
         """A copy of ``key`` placed since start-up by another process (:mod:`fabric.cache.seeds`),
         now one of this cache's (unchecked yet); None where there is none."""
-        try:
-            with os.scandir(os.path.join(self.dir, key[:2])) as found:
-                named = next((n for f in found if f.name.startswith(key) and (n := copy_name(f, key[:2]))), None)
-        except OSError:
-            return None
+        named = find_copy(self.dir, key)
         if named is None:
             return None
         _, size, checksum = named
@@ -254,7 +252,7 @@ class FileCopies:
         log.warning("copy %s is damaged (not its file's size or checksum): removed; %s", key, then)
         with self.lock:
             self.corruptions += 1
-        _unlink(self._path(key, held[1]))
+        unlink_quietly(self._path(key, held[1]))
 
     # -- the scrub (:mod:`fabric.cache.scrub`) ---------------------------------------------
     def unchecked(self) -> list[str]:
@@ -273,12 +271,7 @@ class FileCopies:
         intact (a damaged one is removed); None where there is no such copy any more."""
         with self.lock:
             held = self._copies.get(key)
-        if held is None:
-            return None
-        try:
-            fd = os.open(self._path(key, held[1]), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            self._forget(key)
+        if held is None or (fd := self._open_copy(key, held)) is None:
             return None
         try:
             intact = self._verify(key, fd, held, scrub=True)
@@ -346,17 +339,13 @@ class FileCopies:
             log.info("copy %s dropped: %s", f.key, why)
         with f.io:
             os.close(f.fd)
-        _unlink(f.path)
+        unlink_quietly(f.path)
 
     def _finish(self, f: Filling) -> None:
         error = checksum = None
         with f.io:
             try:
-                checksum = file_checksum(f.fd)
-                os.fdatasync(f.fd)  # (renamed in place before its bytes reach the disk, a copy could read as zeros after a power loss)
-                dest = self._path(f.key, checksum)
-                os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
-                os.rename(f.path, dest)
+                checksum = place_copy(self.dir, f.key, f.fd, f.path)
             except OSError as exc:
                 error = exc
             os.close(f.fd)
@@ -372,7 +361,7 @@ class FileCopies:
                 self.dropped += 1
         if error is not None:
             log.info("copy %s dropped: cannot finish: %s", f.key, error)
-            _unlink(f.path)
+            unlink_quietly(f.path)
             return
         self._evict()
 
@@ -390,7 +379,7 @@ class FileCopies:
                 key, (size, checksum) = self._copies.popitem(last=False)
                 self._bytes -= size
                 self.evicted += 1
-            _unlink(self._path(key, checksum))
+            unlink_quietly(self._path(key, checksum))
 
     def _forget(self, key: str) -> tuple[int, str] | None:
         with self.lock:
@@ -405,6 +394,42 @@ class FileCopies:
             return {"copies": len(self._copies), "bytes": self._bytes, "filling": len(self._filling), "filling_bytes": self._filling_bytes,
                     "made": self.made, "evicted": self.evicted, "dropped": self.dropped, "corruptions": self.corruptions,
                     "scrubbed": self.scrubbed, "unchecked": sum(1 for k in self._copies if k not in self._checked)}
+
+
+def copy_path(files_dir: str, key: str, checksum: str) -> str:
+    """Where the copy of ``key`` whose bytes sum to ``checksum`` lies."""
+    return os.path.join(files_dir, key[:2], f"{key}-{checksum}")
+
+
+def copy_files(files_dir: str) -> Iterator[tuple[os.DirEntry, tuple[str, int, str] | None]]:
+    """Every file of the copies' subdirectories of ``files_dir`` (not ``partial/`` or
+    ``incoming/``), each with what :func:`copy_name` makes of it."""
+    for sub in os.scandir(files_dir):
+        if sub.name in (PARTIAL, INCOMING) or not sub.is_dir(follow_symlinks=False):
+            continue
+        for f in os.scandir(sub.path):
+            yield f, copy_name(f, sub.name)
+
+
+def find_copy(files_dir: str, key: str) -> tuple[str, int, str] | None:
+    """``(key, size, checksum)`` of the copy of ``key`` in ``files_dir``, if there is one."""
+    try:
+        with os.scandir(os.path.join(files_dir, key[:2])) as found:
+            return next((n for f in found if f.name.startswith(key) and (n := copy_name(f, key[:2]))), None)
+    except OSError:
+        return None
+
+
+def place_copy(files_dir: str, key: str, fd: int, path: str) -> str:
+    """Name the complete copy of ``key`` at ``path`` (open as ``fd``) as a copy: summed, flushed
+    (renamed in place before its bytes reach the disk, a copy could read as zeros after a power
+    loss) and renamed to ``files_dir/XX/KEY-SUM``; its checksum."""
+    checksum = file_checksum(fd)
+    os.fdatasync(fd)
+    dest = copy_path(files_dir, key, checksum)
+    os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+    os.rename(path, dest)
+    return checksum
 
 
 def copy_name(f: os.DirEntry, sub: str) -> tuple[str, int, str] | None:
@@ -427,7 +452,8 @@ def file_checksum(fd: int) -> str:
     return h.hexdigest()
 
 
-def _unlink(path: str) -> None:
+def unlink_quietly(path: str) -> None:
+    """Remove ``path`` where it can be (one already gone is no error)."""
     try:
         os.unlink(path)
     except OSError:

@@ -7,7 +7,7 @@ page cache). The scrub does it beforehand: from start-up, one copy after another
 recently opened first (the likeliest to be read next), at the idle I/O priority where the
 kernel offers one, so that a mount up for a while serves its first opens at once. An open of
 a copy the scrub is reading does not wait for it (that read yields to every other reader's):
-it checks the copy itself, much of it from the page cache the scrub has filled. Every
+it checks the copy itself (what the scrub has read of it comes from the page cache). Every
 :data:`INTERVAL` it starts over, so a copy damaged at rest while the mount runs is found and
 removed too (opens after that read the file from chunks; one open already is not undone).
 """

@@ -31,7 +31,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from fabric.cache.files import FILES, INCOMING, MIN_SIZE, copy_name, file_checksum
+from fabric.cache.files import FILES, INCOMING, MIN_SIZE, copy_files, copy_path, find_copy, place_copy, unlink_quietly
 
 log = logging.getLogger("fabric.cache")
 
@@ -63,7 +63,7 @@ class CopySeeder:
         duplicate of ``fd`` (which keeps the file until then). False where no seed is made (too
         small or too large for the budget, one of that key there already or on its way, or
         neither a link nor a duplicate could be made)."""
-        if size < self.min_size or size > self.budget or self._placed(key):
+        if size < self.min_size or size > self.budget or find_copy(self.dir, key) is not None:
             return False
         tmp = os.path.join(self.incoming, f"{os.getpid()}-{key}")
         try:
@@ -78,7 +78,7 @@ class CopySeeder:
             self._placer.submit(self._place, tmp, key, size, source)
         except RuntimeError:  # closed
             if source is None:
-                _unlink(tmp)
+                unlink_quietly(tmp)
             else:
                 os.close(source)
             return False
@@ -87,35 +87,24 @@ class CopySeeder:
                 self.linked += 1
         return True
 
-    def _placed(self, key: str) -> bool:
-        try:
-            with os.scandir(os.path.join(self.dir, key[:2])) as found:
-                return any(f.name.startswith(key) and copy_name(f, key[:2]) for f in found)
-        except OSError:
-            return False
-
     def _place(self, tmp: str, key: str, size: int, source: int | None) -> None:
         """Copy ``source`` to ``tmp`` unless ``tmp`` is a link already; check, sum, flush and
         name it."""
         try:
             if source is not None:
                 try:
-                    if self._placed(key):
+                    if find_copy(self.dir, key) is not None:
                         return
                     _copy(source, tmp, size)
                 finally:
                     os.close(source)
             fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             try:
-                if os.fstat(fd).st_size != size:
-                    raise OSError(errno.EIO, f"{os.fstat(fd).st_size} bytes, not the version's {size}")
-                checksum = file_checksum(fd)
-                os.fdatasync(fd)  # (renamed in place before its bytes reach the disk, a copy could read as zeros after a power loss)
+                if (got := os.fstat(fd).st_size) != size:
+                    raise OSError(errno.EIO, f"{got} bytes, not the version's {size}")
+                dest = copy_path(self.dir, key, place_copy(self.dir, key, fd, tmp))
             finally:
                 os.close(fd)
-            dest = os.path.join(self.dir, key[:2], f"{key}-{checksum}")
-            os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
-            os.rename(tmp, dest)
             os.utime(dest)  # the most recent: the last to be evicted
         except FileExistsError:
             return  # (a copy of the same version on its way: the first one is kept)
@@ -129,26 +118,23 @@ class CopySeeder:
     def _evict(self, keep: str) -> None:
         """Remove the least recently opened copies until the directory's fit the budget."""
         found: list[tuple[float, int, str]] = []
-        for sub in os.scandir(self.dir):
-            if sub.name == INCOMING or not sub.is_dir(follow_symlinks=False):
-                continue
-            for f in os.scandir(sub.path):
-                if copy_name(f, sub.name) is not None:
-                    st = f.stat(follow_symlinks=False)
-                    found.append((st.st_mtime, st.st_size, f.path))
+        for f, named in copy_files(self.dir):
+            if named is not None:
+                st = f.stat(follow_symlinks=False)
+                found.append((st.st_mtime, st.st_size, f.path))
         total = sum(size for _, size, _ in found)
         for _, size, path in sorted(found):
             if total <= self.budget:
                 return
             if path != keep:
-                _unlink(path)
+                unlink_quietly(path)
                 total -= size
                 with self._lock:
                     self.evicted += 1
 
     def _failed(self, tmp: str, why: str) -> None:
         log.info("no copy of %s kept for a passthrough mount: %s", os.path.basename(tmp), why)
-        _unlink(tmp)
+        unlink_quietly(tmp)
         with self._lock:
             self.failed += 1
 
@@ -157,7 +143,7 @@ class CopySeeder:
         for f in os.scandir(self.incoming):
             pid = f.name.partition("-")[0]
             if not (pid.isdigit() and os.path.exists(f"/proc/{pid}")) or int(pid) == os.getpid():
-                _unlink(f.path)
+                unlink_quietly(f.path)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -204,13 +190,6 @@ def _copy(fd: int, dest: str, size: int) -> None:
             offset += n
     except BaseException:
         os.close(out)
-        _unlink(dest)
+        unlink_quietly(dest)
         raise
     os.close(out)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
