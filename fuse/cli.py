@@ -58,9 +58,11 @@ With --passthrough (a commit or tag with --cache-dir, as root, on Linux
 6.9+), each file of 1 MiB or more read whole through the mount is also
 kept as a plain copy in --cache-dir, and later opens of it hand the kernel
 that copy: it is read at the local disk's speed, never through the mount
-(each copy is read whole and checked once per mount before it is served:
-by a scrub in the background from the mount's start, most recently used
-first and again each day, or at its first open if that comes sooner;
+(no copy is served whose bytes were last read whole and checked more than
+a day before: a copy is checked as it is made, by a scrub in the background
+from the mount's start, most recently used first, as checks go stale, or at
+its first open if that comes sooner; the time of each check is kept with the
+copy, so a restarted mount serves copies checked within the day at once;
 --no-passthrough-check trusts a file system that checks its data itself).
 Such a mount is served without libfuse, and every open asks it (more CPU
 for many small files).
@@ -139,7 +141,7 @@ statistics, is at --log-file.
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Also keep chunks on disk here, appended to packs of up to 64 MiB (survives remounts; chunk files of older versions there are removed).")
 @click.option("--cache-size", type=Size(), default="10G", show_default=True, help="Size bound of --cache-dir.")
 @click.option("--passthrough", is_flag=True, help="A commit or tag with --cache-dir, as root: keep a plain copy of each file of 1 MiB or more read whole through the mount in --cache-dir (half of --cache-size), and let the kernel read those copies itself (FUSE passthrough, Linux 6.9+): a second read after the page cache is gone runs at the local disk's speed. Served without libfuse; every open then asks the mount (more CPU for many small files). Without passthrough in the kernel, files are read as usual.")
-@click.option("--no-passthrough-check", is_flag=True, help="With --passthrough: trust the copies at rest instead of reading each one whole and checking it once after the mount starts (in the background, or at its first open if that comes sooner) and again each day. Only where the file system under --cache-dir checks its data itself (ZFS, btrfs): a copy damaged on a plain disk would then be served.")
+@click.option("--no-passthrough-check", is_flag=True, help="With --passthrough: trust the copies at rest instead of reading each one whole and checking it again before it is served when its last check is more than a day old (in the background, or at its first open if that comes sooner). Only where the file system under --cache-dir checks its data itself (ZFS, btrfs): a copy damaged on a plain disk would then be served.")
 @click.option("--seed-copies", type=click.Path(file_okay=False), metavar="DIR", help="With --rw: once a file of 1 MiB or more written here is staged, keep a plain copy of it in DIR (a hard link to the mount's own file where DIR is on the --write-dir's file system). A `--passthrough` mount of a commit or tag with `--cache-dir DIR` then reads those files as local files: a checkpoint restored on the machine that saved it reads at the local disk's speed. Not this mount's own --cache-dir.")
 @click.option("--seed-copies-size", type=Size(), default="5G", show_default=True, help="Size bound of the copies in --seed-copies (the least recently opened go first).")
 @click.option("--spoke-cache", type=click.Path(file_okay=False), help="The --cache directory of the spoke SERVER_URL names, when it runs on this machine: chunks it holds are read from its files, each checked against its id, instead of over HTTP (about half the CPU of a warm read). Read-only; chunks it lacks still come from the spoke.")

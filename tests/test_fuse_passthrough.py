@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from fabric.cache.files import MAX_FILLING, PARTIAL, FileCopies, copy_key
+from fabric.cache.files import CHECKED_XATTR, MAX_FILLING, PARTIAL, FileCopies, copy_key
 from fabric.cache.scrub import CopyScrub
 from fabric.client.transfer import import_directory
 from fuse.kernel.protocol import kernel_has_passthrough
@@ -84,26 +84,67 @@ def test_copies_stay_within_their_budget_least_recently_opened_first(tmp_path):
     again.close()
 
 
-def test_a_copy_is_checked_whole_at_its_first_open_after_a_start(tmp_path):
+def test_a_copy_whose_last_check_is_stale_is_checked_whole_at_its_first_open(tmp_path):
     copies = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
     data = os.urandom(2 * MIB)
     key = copy_key(len(data), [b"c" * 32])
     copies.filling(key, len(data)).write(data, 0)
     copies.close()
     [path] = [os.path.join(d, f) for d, _, names in os.walk(copies.dir) for f in names]
-    with open(path, "r+b") as f:  # one bit flipped on the disk, the size unchanged
-        f.seek(MIB)
-        byte = f.read(1)
-        f.seek(MIB)
-        f.write(bytes([byte[0] ^ 1]))
+    _flip_a_byte(path, MIB)  # damaged on the disk after its check, the size unchanged
     stray = os.path.join(copies.dir, "ab", "not-a-copy")
     os.makedirs(os.path.dirname(stray))
     open(stray, "wb").close()
+    _record_check(path, time.time() - 25 * 3600)  # checked more than a day ago
     again = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
     assert not os.path.exists(stray)  # what is not a copy is removed at start-up
+    assert again.snapshot()["unchecked"] == 1
     assert again.open(key, len(data)) is None and not os.path.exists(path)
     assert again.snapshot()["corruptions"] == 1 and again.snapshot()["copies"] == 0
     again.close()
+
+
+def _record_check(path: str, when: float, checksum: str | None = None) -> None:
+    """Set the check recorded with the copy at ``path`` (its own checksum unless given)."""
+    checksum = checksum or os.path.basename(path).partition("-")[2]
+    os.setxattr(path, CHECKED_XATTR, f"{when:.0f} {checksum}".encode())
+
+
+def test_a_copy_checked_within_a_day_is_served_at_once_after_a_restart(tmp_path):
+    made = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    blobs = {copy_key(MIB + i, [bytes([i]) * 32]): os.urandom(MIB + i) for i in range(4)}
+    for key, data in blobs.items():
+        made.filling(key, len(data)).write(data, 0)
+    made.close()
+    paths = {key: next(str(p) for p in (tmp_path / "files" / key[:2]).iterdir() if p.name.startswith(key)) for key in blobs}
+    recent, old, other_bytes, unrecorded = list(blobs)
+    for key in blobs:  # the same damage to each, unseen by its metadata
+        _flip_a_byte(paths[key], 7)
+    _record_check(paths[recent], time.time() - 3600)
+    _record_check(paths[old], time.time() - 25 * 3600)
+    _record_check(paths[other_bytes], time.time(), checksum="0" * 32)
+    os.removexattr(paths[unrecorded], CHECKED_XATTR)
+
+    again = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    assert set(again.unchecked()) == {old, other_bytes, unrecorded}
+    fd = again.open(recent, len(blobs[recent]))  # its check an hour ago stands, as in a mount that stayed up
+    assert fd is not None
+    os.close(fd)
+    for key in (old, other_bytes, unrecorded):  # read whole before they are served: the damage is found
+        assert again.open(key, len(blobs[key])) is None and not os.path.exists(paths[key])
+    assert again.snapshot()["corruptions"] == 3
+    again.close()
+    # A copy checked at an open records it: the next start trusts it.
+    key = copy_key(3 * MIB, [b"r" * 32])
+    made = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    made.filling(key, 3 * MIB).write(b"r" * (3 * MIB), 0)
+    made.close()
+    [path] = [str(p) for p in (tmp_path / "files" / key[:2]).iterdir() if p.name.startswith(key)]
+    _record_check(path, time.time() - 25 * 3600)
+    first = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    os.close(first.open(key, 3 * MIB))
+    first.close()
+    assert FileCopies(str(tmp_path), budget=64 * MIB, min_size=1).snapshot()["unchecked"] == 0
 
 
 def _flip_a_byte(path: str, offset: int) -> None:
@@ -114,7 +155,7 @@ def _flip_a_byte(path: str, offset: int) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
-def test_the_scrub_checks_copies_before_their_opens_and_again_while_the_mount_runs(tmp_path):
+def test_the_scrub_checks_copies_before_their_opens_and_again_as_their_checks_go_stale(tmp_path):
     made = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
     blobs = {copy_key(MIB + i, [bytes([i]) * 32]): os.urandom(MIB + i) for i in range(3)}
     for key, data in blobs.items():
@@ -124,9 +165,10 @@ def test_the_scrub_checks_copies_before_their_opens_and_again_while_the_mount_ru
     bad, later, good = list(blobs)
     _flip_a_byte(str(paths[bad]), 1000)
 
-    copies = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    time.sleep(0.6)
+    copies = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1, recheck_after=0.5)  # the checks at their making are stale
     assert set(copies.unchecked()) == set(blobs)
-    scrub = CopyScrub(copies, interval=0.5)
+    scrub = CopyScrub(copies)
     try:
         deadline = time.monotonic() + 10
         while copies.unchecked() and time.monotonic() < deadline:
@@ -311,6 +353,7 @@ def test_a_copy_damaged_on_disk_is_never_served(tagged, tmp_path):
     with open(copy, "r+b") as f:  # a bad disk: one byte changed, the size the same
         f.seek(3 * MIB)
         f.write(bytes([data[name][3 * MIB] ^ 0xFF]))
+    _record_check(str(copy), time.time() - 25 * 3600)  # a day has passed since its check
     with mounted(hub.url, hub.token, f"{repo}@v1", tmp_path / "m2", *opts) as mp:
         assert sha(os.path.join(mp, name)) == want  # from chunks, not from the copy
         stats = kernel_stats(mp, lambda s: s["copies"]["made"] == 1)

@@ -24,14 +24,19 @@ passthrough from Python"). This cache keeps those plain copies.
   ``budget`` bytes: a copy started evicts the least recently opened copies (then, if need be,
   the least recently written of those being filled). The order survives restarts (a copy's
   mtime is its last open). An evicted copy still open is read to its end (the kernel holds it).
-- **At rest**: the kernel reads a copy as it reads any local file, unchecked. So each copy
-  is read whole and its size and checksum checked once after start-up before it is served
-  (DESIGN.md §8: corruption is never served): by the scrub (:mod:`fabric.cache.scrub`,
-  :meth:`FileCopies.check_copy`) or, if that has not got to it, by its first
-  :meth:`FileCopies.open`, which then leaves it in the page cache for the kernel's read. A
-  copy that fails is removed (counted in ``corruptions``) and its file served from chunks,
-  which fills a new copy. The scrub checks every copy again each day; with ``check`` off
-  (``--no-passthrough-check``, for a file system that checks its data itself) nothing is. The directory is the
+- **At rest**: the kernel reads a copy as it reads any local file, unchecked. So no copy is
+  served whose bytes were last checked (read whole, size and checksum) more than
+  ``recheck_after`` ago (:data:`RECHECK_AFTER`, a day): DESIGN.md §8, corruption is never
+  served, to the bound a scrub gives. A copy is checked when it is made (its bytes summed as
+  they are named), by the scrub (:mod:`fabric.cache.scrub`, :meth:`FileCopies.check_copy`),
+  or, where neither is recent enough, by its first :meth:`FileCopies.open`, which then leaves
+  it in the page cache for the kernel's read. The time of its last check is kept with the copy
+  (the extended attribute :data:`CHECKED_XATTR`, with the checksum it found), so a mount
+  started again serves copies checked within the bound at once, as a mount that had stayed up
+  would; a copy without that record (a file system without extended attributes) is checked
+  after each start. A copy that fails is removed (counted in ``corruptions``) and its file
+  served from chunks, which fills a new copy. With ``check`` off (``--no-passthrough-check``,
+  for a file system that checks its data itself) nothing is checked. The directory is the
   mount's own (locked with the packs).
 - **Failures**: a copy that cannot be written (disk full, I/O error) is dropped and its
   file served as before; a crash leaves partial copies, removed at the next start.
@@ -45,6 +50,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +68,12 @@ MIN_SIZE = 1024 * 1024
 MAX_FILLING = 64
 #: Bytes per read when a copy is read back for its checksum.
 CHECK_READ = 8 * 1024 * 1024
+#: Seconds a copy's last check stays good: older, it is checked again before it is served.
+RECHECK_AFTER = 24 * 3600.0
+#: The extended attribute that keeps the time of a copy's last check: ``"SECONDS CHECKSUM"``.
+CHECKED_XATTR = "user.fabric.checked"
+#: A check recorded this far in the future (a clock set back) is not taken.
+CLOCK_SLACK = 300.0
 
 
 def copy_key(size: int, chunk_ids: Sequence[bytes]) -> str:
@@ -125,16 +137,17 @@ class Filling:
 class FileCopies:
     """The plain copies under ``root/files`` (see the module docstring)."""
 
-    def __init__(self, root: str, budget: int, min_size: int = MIN_SIZE, check: bool = True) -> None:
-        """``check``: read each copy whole at its first open after start-up to check it (off:
+    def __init__(self, root: str, budget: int, min_size: int = MIN_SIZE, check: bool = True,
+                 recheck_after: float = RECHECK_AFTER) -> None:
+        """``check``: serve no copy last checked more than ``recheck_after`` seconds ago (off:
         trusted as the disk is; for a file system that checks its data itself)."""
         self.dir = os.path.join(root, FILES)
         self.partial = os.path.join(self.dir, PARTIAL)
-        self.budget, self.min_size, self.check = budget, min_size, check
+        self.budget, self.min_size, self.check, self.recheck_after = budget, min_size, check, recheck_after
         self.lock = threading.Lock()
         #: key -> (size, checksum) of the complete copies, least recently opened first.
         self._copies: OrderedDict[str, tuple[int, str]] = OrderedDict()
-        self._checked: set[str] = set()  # read back whole since start-up, and right
+        self._checked: dict[str, float] = {}  # key -> when it was last read back whole, and right
         self._checking: dict[str, tuple[threading.Event, bool]] = {}  # being read back (set once done), by the scrub
         self._bytes = 0
         self._filling: OrderedDict[str, Filling] = OrderedDict()  # least recently written first
@@ -155,7 +168,20 @@ class FileCopies:
         for _, key, size, checksum in sorted(found):
             self._copies[key] = (size, checksum)
             self._bytes += size
+            self._take_check(key, checksum)
         self._evict()
+
+    def _take_check(self, key: str, checksum: str) -> None:
+        """Take the time of the last check recorded with copy ``key`` (under the lock, or before
+        the cache is shared)."""
+        when = checked_at(self._path(key, checksum), checksum)
+        if when is not None:
+            self._checked[key] = when
+
+    def _fresh(self, key: str, now: float) -> bool:
+        """Whether copy ``key`` was checked within ``recheck_after`` of ``now`` (under the lock)."""
+        when = self._checked.get(key)
+        return when is not None and now - self.recheck_after < when <= now + CLOCK_SLACK
 
     def close(self) -> None:
         """Finish the copies complete already; drop those still being filled."""
@@ -177,7 +203,7 @@ class FileCopies:
         with self.lock:
             if key in self._copies:
                 self._copies.move_to_end(key)
-            checked = key in self._checked or not self.check
+            checked = not self.check or self._fresh(key, time.time())
         fd = self._open_copy(key, held)
         if fd is None:
             return None
@@ -211,6 +237,7 @@ class FileCopies:
             if key not in self._copies:
                 self._copies[key] = (size, checksum)
                 self._bytes += size
+                self._take_check(key, checksum)
         self._evict()
         return size, checksum
 
@@ -221,7 +248,7 @@ class FileCopies:
         done = None
         while True:
             with self.lock:
-                if key in self._checked:
+                if self._fresh(key, time.time()):
                     return True
                 if key not in self._copies:
                     return False  # (found damaged by the check waited for, and removed)
@@ -236,8 +263,9 @@ class FileCopies:
         try:
             intact = os.fstat(fd).st_size == held[0] and file_checksum(fd) == held[1]
             if intact:
+                now = mark_checked(fd, held[1])
                 with self.lock:
-                    self._checked.add(key)
+                    self._checked[key] = now
             return intact
         finally:
             if done is not None:
@@ -256,19 +284,22 @@ class FileCopies:
 
     # -- the scrub (:mod:`fabric.cache.scrub`) ---------------------------------------------
     def unchecked(self) -> list[str]:
-        """The copies not checked since start-up (or :meth:`forget_checks`), most recently
-        opened first."""
+        """The copies whose last check is not recent enough to serve them (none, or older than
+        ``recheck_after``), most recently opened first."""
+        now = time.time()
         with self.lock:
-            return [k for k in reversed(self._copies) if k not in self._checked]
+            return [k for k in reversed(self._copies) if not self._fresh(k, now)]
 
-    def forget_checks(self) -> None:
-        """Let every copy be checked again (by the scrub, or at its next open)."""
+    def next_check_due(self) -> float:
+        """Seconds until the oldest check of a copy goes stale (``recheck_after`` without copies)."""
+        now = time.time()
         with self.lock:
-            self._checked.clear()
+            oldest = min((self._checked[k] for k in self._copies if self._fresh(k, now)), default=now)
+        return max(0.0, oldest + self.recheck_after - now)
 
     def check_copy(self, key: str) -> bool | None:
-        """Read copy ``key`` whole and check it now, unless done since start-up: whether it is
-        intact (a damaged one is removed); None where there is no such copy any more."""
+        """Read copy ``key`` whole and check it now, unless its last check is recent enough:
+        whether it is intact (a damaged one is removed); None where there is no such copy any more."""
         with self.lock:
             held = self._copies.get(key)
         if held is None or (fd := self._open_copy(key, held)) is None:
@@ -353,7 +384,7 @@ class FileCopies:
             self._unreserve(f)
             if error is None and checksum is not None:
                 self._copies[f.key] = (f.size, checksum)
-                self._checked.add(f.key)
+                self._checked[f.key] = time.time()  # (summed as it was named: place_copy)
                 self._bytes += f.size
                 self.made += 1
             else:
@@ -384,16 +415,17 @@ class FileCopies:
     def _forget(self, key: str) -> tuple[int, str] | None:
         with self.lock:
             held = self._copies.pop(key, None)
-            self._checked.discard(key)
+            self._checked.pop(key, None)
             if held is not None:
                 self._bytes -= held[0]
             return held
 
     def snapshot(self) -> dict[str, int]:
+        now = time.time()
         with self.lock:
             return {"copies": len(self._copies), "bytes": self._bytes, "filling": len(self._filling), "filling_bytes": self._filling_bytes,
                     "made": self.made, "evicted": self.evicted, "dropped": self.dropped, "corruptions": self.corruptions,
-                    "scrubbed": self.scrubbed, "unchecked": sum(1 for k in self._copies if k not in self._checked)}
+                    "scrubbed": self.scrubbed, "unchecked": sum(1 for k in self._copies if not self._fresh(k, now))}
 
 
 def copy_path(files_dir: str, key: str, checksum: str) -> str:
@@ -421,10 +453,12 @@ def find_copy(files_dir: str, key: str) -> tuple[str, int, str] | None:
 
 
 def place_copy(files_dir: str, key: str, fd: int, path: str) -> str:
-    """Name the complete copy of ``key`` at ``path`` (open as ``fd``) as a copy: summed, flushed
-    (renamed in place before its bytes reach the disk, a copy could read as zeros after a power
-    loss) and renamed to ``files_dir/XX/KEY-SUM``; its checksum."""
+    """Name the complete copy of ``key`` at ``path`` (open as ``fd``) as a copy: summed (which
+    counts as its check: :func:`mark_checked`), flushed (renamed in place before its bytes
+    reach the disk, a copy could read as zeros after a power loss) and renamed to
+    ``files_dir/XX/KEY-SUM``; its checksum."""
     checksum = file_checksum(fd)
+    mark_checked(fd, checksum)
     os.fdatasync(fd)
     dest = copy_path(files_dir, key, checksum)
     os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
@@ -450,6 +484,28 @@ def file_checksum(fd: int) -> str:
         h.update(view[:n])
         offset += n
     return h.hexdigest()
+
+
+def mark_checked(fd: int, checksum: str) -> float:
+    """Record with the copy open as ``fd`` that its bytes were found to sum to ``checksum``
+    now (best effort: a file system without extended attributes keeps no record, and the copy
+    is checked again after the next start); the time recorded."""
+    now = time.time()
+    try:
+        os.setxattr(fd, CHECKED_XATTR, f"{now:.3f} {checksum}".encode())
+    except OSError as exc:
+        log.debug("cannot record the check of a copy: %s", exc)
+    return now
+
+
+def checked_at(path: str, checksum: str) -> float | None:
+    """When the copy at ``path``, named for ``checksum``, was last found to sum to it (None:
+    no such record, or one for other bytes)."""
+    try:
+        when, _, summed = os.getxattr(path, CHECKED_XATTR, follow_symlinks=False).decode().partition(" ")
+        return float(when) if summed == checksum else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
 
 
 def unlink_quietly(path: str) -> None:

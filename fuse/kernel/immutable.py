@@ -6,9 +6,10 @@ as on any immutable mount, and cached for good by the kernel. What changes is ``
 
 - a file with a complete plain copy in the cache directory (:mod:`fabric.cache.files`) is
   opened with ``FOPEN_PASSTHROUGH`` and that copy as its backing file: the kernel reads it
-  as it reads a local file, and no read of it reaches this process (each copy is read whole
-  and checked once after start-up: by the scrub, :mod:`fabric.cache.scrub`, which starts at
-  INIT, or by its first open if that comes first, outside the lock other opens take);
+  as it reads a local file, and no read of it reaches this process (a copy whose last
+  check is more than a day old is read whole and checked first: by the scrub,
+  :mod:`fabric.cache.scrub`, which starts at INIT, or by its first open if that comes first,
+  outside the lock other opens take);
 - any other file is opened with the kernel's page cache kept (as libfuse's mount keeps it),
   its reads answered from chunks, and the bytes served are written to its copy as well
   (a file of at least 1 MiB), which is complete once every byte has been read once.
