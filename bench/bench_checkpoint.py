@@ -750,8 +750,9 @@ def render(report: dict) -> str:
          "fabric-local through a read-only `fabric mount SPOKE repo@COMMIT` of the spoke that wrote it (warm), the same with "
          "`--spoke-cache` (the mount reads the spoke's cache files, as a mount beside its spoke may), and of a third spoke "
          "in no group that never saw it (cold: every chunk over the same WAN link); fabric-writeback (which runs with "
-         "`--seed-copies DIR`) through a `--passthrough` mount of the commit with `--cache-dir DIR`, each copy checked whole at "
-         "its first open, then read once the mount's scrub has checked them (before the page cache is dropped), and with "
+         "`--seed-copies DIR`) through a `--passthrough` mount of the commit with `--cache-dir DIR` right after "
+         "mounting (each seed counts as checked when the writer's mount summed it, within a day; an older one is read "
+         "whole at its first open), then once the mount's scrub has checked any it had to (before the page cache is dropped), and with "
          "`--no-passthrough-check` (copies trusted at rest); each restore row's ratio to local-disk is against local-disk's "
          "read from its disk, and is fabric-writeback's in the last three rows"),
         f"- command: `{report['command']}`",
