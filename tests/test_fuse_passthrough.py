@@ -110,13 +110,19 @@ def _record_check(path: str, when: float, checksum: str | None = None) -> None:
     os.setxattr(path, CHECKED_XATTR, f"{when:.0f} {checksum}".encode())
 
 
-def test_a_copy_checked_within_a_day_is_served_at_once_after_a_restart(tmp_path):
-    made = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
-    blobs = {copy_key(MIB + i, [bytes([i]) * 32]): os.urandom(MIB + i) for i in range(4)}
+def _made_copies(root, count: int) -> tuple[dict[str, bytes], dict[str, str]]:
+    """``count`` copies of random files made in ``root`` (as a mount fills them): their bytes
+    and their paths, by key."""
+    made = FileCopies(str(root), budget=64 * MIB, min_size=1)
+    blobs = {copy_key(MIB + i, [bytes([i]) * 32]): os.urandom(MIB + i) for i in range(count)}
     for key, data in blobs.items():
         made.filling(key, len(data)).write(data, 0)
     made.close()
-    paths = {key: next(str(p) for p in (tmp_path / "files" / key[:2]).iterdir() if p.name.startswith(key)) for key in blobs}
+    return blobs, {key: next(str(p) for p in (root / "files" / key[:2]).iterdir() if p.name.startswith(key)) for key in blobs}
+
+
+def test_a_copy_checked_within_a_day_is_served_at_once_after_a_restart(tmp_path):
+    blobs, paths = _made_copies(tmp_path, 4)
     recent, old, other_bytes, unrecorded = list(blobs)
     for key in blobs:  # the same damage to each, unseen by its metadata
         _flip_a_byte(paths[key], 7)
@@ -156,14 +162,9 @@ def _flip_a_byte(path: str, offset: int) -> None:
 
 
 def test_the_scrub_checks_copies_before_their_opens_and_again_as_their_checks_go_stale(tmp_path):
-    made = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
-    blobs = {copy_key(MIB + i, [bytes([i]) * 32]): os.urandom(MIB + i) for i in range(3)}
-    for key, data in blobs.items():
-        made.filling(key, len(data)).write(data, 0)
-    made.close()
-    paths = {key: next(p for p in (tmp_path / "files" / key[:2]).iterdir() if p.name.startswith(key)) for key in blobs}
+    blobs, paths = _made_copies(tmp_path, 3)
     bad, later, good = list(blobs)
-    _flip_a_byte(str(paths[bad]), 1000)
+    _flip_a_byte(paths[bad], 1000)
 
     time.sleep(0.6)
     copies = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1, recheck_after=0.5)  # the checks at their making are stale
@@ -175,14 +176,14 @@ def test_the_scrub_checks_copies_before_their_opens_and_again_as_their_checks_go
             time.sleep(0.02)
         snap = copies.snapshot()
         assert snap["unchecked"] == 0 and snap["scrubbed"] == 2 and snap["corruptions"] == 1  # before any open
-        assert not paths[bad].exists() and copies.open(bad, len(blobs[bad])) is None
+        assert not os.path.exists(paths[bad]) and copies.open(bad, len(blobs[bad])) is None
         fd = copies.open(good, len(blobs[good]))
         assert fd is not None and os.pread(fd, len(blobs[good]), 0) == blobs[good]
         os.close(fd)
-        _flip_a_byte(str(paths[later]), 5)  # damaged at rest while the mount runs: the next pass finds it
+        _flip_a_byte(paths[later], 5)  # damaged at rest while the mount runs: the next pass finds it
         while copies.snapshot()["corruptions"] < 2 and time.monotonic() < deadline + 5:
             time.sleep(0.05)
-        assert copies.snapshot()["corruptions"] == 2 and not paths[later].exists()
+        assert copies.snapshot()["corruptions"] == 2 and not os.path.exists(paths[later])
         assert copies.open(later, len(blobs[later])) is None
     finally:
         scrub.close()
