@@ -112,6 +112,7 @@ class ImmutableMount:
             "passthrough_opens": self.passthrough_opens,
             "cached_opens": self.cached_opens,
             "read_requests": self.read_requests,
+            "threads": self.session.readers.threads() if self.session.readers is not None else 0,
             "copies": self.copies.snapshot() if self.copies is not None else None,
         }
 
