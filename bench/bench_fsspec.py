@@ -8,6 +8,9 @@ Same files, side by side, each reader in a process of its own, rounds rotating t
   8 MiB ``read`` calls (fsspec's default read-ahead cache, fabric's default block size);
 - ``fabric-glibc``: the same with ``FABRIC_MALLOC=glibc``, which keeps glibc's malloc
   settings in the reader instead of reusing freed buffers (``fabric.util.heap``);
+- ``fabric-copies``: ``fabric`` with ``copies=DIR``, where DIR holds the plain copies a save of
+  the same bytes through ``fabric://`` with ``copies=DIR`` left on this machine (a restore on
+  the machine that saved a checkpoint): opens return the local copies;
 - ``s3fs``: ``s3fs.S3FileSystem`` against the same spoke's S3 API, the same 8 MiB reads,
   s3fs's defaults otherwise (from the S3 tools venv that ``make test`` builds);
 - ``local``: the source files on the local disk, the same reads.
@@ -44,7 +47,7 @@ sys.path.insert(0, HERE)
 from _common import REPO_ROOT, drop_page_cache, fabric_cmd, fabric_env, machine, median, remove, save_report, stop_process  # noqa: E402
 
 READ = 8 << 20
-READERS = ("fabric", "fabric-glibc", "s3fs", "local")
+READERS = ("fabric", "fabric-glibc", "fabric-copies", "s3fs", "local")
 
 #: The reader: opens each path with the given file system and reads it in READ-byte calls;
 #: prints bytes, seconds and the sha256 of all bytes in order. argv: kind, JSON settings.
@@ -60,7 +63,8 @@ elif kind == "local":
     fs = fsspec.filesystem("file")
 else:
     import fsspec
-    fs = fsspec.filesystem("fabric", server=cfg["spoke"], token=cfg["token"], skip_instance_cache=True)
+    copies = {"copies": cfg["copies"]} if kind == "fabric-copies" else {}
+    fs = fsspec.filesystem("fabric", server=cfg["spoke"], token=cfg["token"], skip_instance_cache=True, **copies)
 digest = hashlib.sha256() if cfg["verify"] else None
 n, t = 0, time.perf_counter()
 for path in cfg["paths"]:
@@ -86,6 +90,22 @@ def make_files(root: str, files: int, mib: int, seed: int) -> list[str]:
     return paths
 
 
+def seed_copies(server: str, token: str, local: list[str], copies: str) -> None:
+    """Leave plain copies of the files' versions in ``copies``, as a save through ``fabric://``
+    with ``copies=`` on this machine does (written to another repository: the same bytes are
+    the same versions)."""
+    import fsspec
+
+    from fabric.client.copies import seeder
+
+    fs = fsspec.filesystem("fabric", server=server, token=token, copies=copies, skip_instance_cache=True)
+    for path in local:
+        with open(path, "rb") as src, fs.open(f"seeds@main/{os.path.basename(path)}", "wb") as dst:
+            while piece := src.read(READ):
+                dst.write(piece)
+    seeder(copies, 0).close()  # (every copy placed)
+
+
 def sha256_of(paths: list[str]) -> str:
     digest = hashlib.sha256()
     for path in paths:
@@ -101,8 +121,9 @@ class Readers:
     def __init__(self, args: argparse.Namespace, local: list[str], spoke: str, s3: str, keys: tuple[str, str], token: str) -> None:
         names = [os.path.basename(p) for p in local]
         self.paths = {"local": local, "fabric": [f"data@main/{n}" for n in names], "s3fs": [f"data/main/{n}" for n in names]}
-        self.paths["fabric-glibc"] = self.paths["fabric"]
-        self.cfg = {"spoke": spoke, "s3": s3, "key": keys[0], "secret": keys[1], "token": token, "read": READ}
+        self.paths["fabric-glibc"] = self.paths["fabric-copies"] = self.paths["fabric"]
+        self.cfg = {"spoke": spoke, "s3": s3, "key": keys[0], "secret": keys[1], "token": token, "read": READ,
+                    "copies": os.path.join(args.work_dir, "copies")}
         self.python = {"s3fs": os.path.join(args.s3tools, "bin", "python")}
         self.default_python = args.python
 
@@ -168,7 +189,11 @@ def main() -> None:
         if args.rtt_ms:  # (a link, in this process, in front of each of the spoke's ports)
             links = [stack.enter_context(wan(int(url.rsplit(":", 1)[1]), args.rtt_ms, args.rate_mbit)) for url in (spoke_url, spoke_s3)]
             spoke_url, spoke_s3 = (f"http://127.0.0.1:{link.port}" for link in links)
+        args.work_dir = work
         run = Readers(args, local, spoke_url, spoke_s3, hub.s3_keys(), token)
+        if "fabric-copies" in readers:
+            hub.create_repo("seeds")
+            seed_copies(hub_url, token, local, run.cfg["copies"])
         for kind in readers:  # warms the spoke (its first read) and checks every reader's bytes
             got = run.run(kind, verify=True)
             if got["sha256"] != expected:

@@ -4,22 +4,11 @@ file version's copy is called, and the copies a writable mount leaves of the fil
 
 from __future__ import annotations
 
-from fabric.cache import files
 from fabric.cache.seeds import CopySeeder
-from fabric.engine.metastore import CHUNKLIST, object_id
-from fabric.format.model import FILE, INLINE_CHUNKS, Entry, chunk_list_object
+from fabric.client.copies import copy_key
+from fabric.format.model import FILE
 from fuse.config import MountConfig
 from fuse.writer import WFile
-
-
-def copy_key(entry: Entry) -> str:
-    """The name of the copy of a file version: its size and chunk ids, or the id of its chunk
-    list where that list is long enough to be an object of its own, whether ``entry`` carries
-    the list itself (a mount that wrote the file) or only its id (a listing)."""
-    if entry.chunklist or len(entry.chunks) > INLINE_CHUNKS:
-        list_id = entry.chunklist or object_id(CHUNKLIST, chunk_list_object(entry.chunks))
-        return files.copy_key(entry.size, [list_id.encode()])
-    return files.copy_key(entry.size, [cid for cid, _ in entry.chunks])
 
 
 def seeder(cfg: MountConfig) -> CopySeeder | None:

@@ -25,6 +25,7 @@ from fabric.format.checkpoint_names import STEP_META
 from tests.ci_requirements import missing
 from tests.fuse_helpers import fabric, mounted, needs_fuse
 from tests.hubserver import ROOT, Hub, unique_name
+from tests.test_fsspec import frames_requests
 
 # Single-process DCP checkpoints (no_dist=True) are what these tests mean to make.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -326,6 +327,28 @@ def test_dcp_checkpoints_save_and_load_through_fabric(hub: Hub):
     assert_dcp_equal(state, dcp_state(300))
     with pytest.raises(ValueError, match="pass the state_dict"):
         ck.load(300)
+
+
+def test_a_dcp_checkpoint_loads_from_the_copies_its_save_left_on_this_machine(hub: Hub, tmp_path):
+    need_torch()
+    torch = importlib.import_module("torch")
+    copies = str(tmp_path / "copies")
+    big = {"model": {"w": torch.randn(1024, 768), "b": torch.randn(768)}, "step": 7}  # 3 MiB: its shard is copied
+    ck = run_of(hub, "ckcopies", copies=copies)
+    ck.save(big, 7, thread_count=1)
+    deadline = time.monotonic() + 20
+    while not (placed := [p for p in (tmp_path / "copies" / "files").glob("??/*")]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(placed) == 1 and placed[0].stat().st_size > 3 * 1024 * 1024
+
+    def load_counting_frames(**options) -> int:
+        before = frames_requests(hub.metrics())
+        blank = {"model": {"w": torch.zeros(1024, 768), "b": torch.zeros(768)}, "step": -1}
+        state = Checkpoints(ck.repo, "train", server=hub.url, token=hub.token, **options).load(7, blank)
+        assert_dcp_equal(state, big)
+        return frames_requests(hub.metrics()) - before
+
+    assert load_counting_frames(copies=copies) < load_counting_frames()  # the shard came from its copy
 
 
 def test_importing_the_helper_does_not_import_torch():

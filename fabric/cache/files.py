@@ -180,8 +180,7 @@ class FileCopies:
 
     def _fresh(self, key: str, now: float) -> bool:
         """Whether copy ``key`` was checked within ``recheck_after`` of ``now`` (under the lock)."""
-        when = self._checked.get(key)
-        return when is not None and now - self.recheck_after < when <= now + CLOCK_SLACK
+        return fresh(self._checked.get(key), now, self.recheck_after)
 
     def close(self) -> None:
         """Finish the copies complete already; drop those still being filled."""
@@ -484,6 +483,41 @@ def file_checksum(fd: int) -> str:
         h.update(view[:n])
         offset += n
     return h.hexdigest()
+
+
+def fresh(when: float | None, now: float, recheck_after: float) -> bool:
+    """Whether a check made at ``when`` (None: none) still stands at ``now``."""
+    return when is not None and now - recheck_after < when <= now + CLOCK_SLACK
+
+
+def open_copy(files_dir: str, key: str, size: int, recheck_after: float = RECHECK_AFTER) -> int | None:
+    """A read-only descriptor of the copy of ``key`` (a ``size``-byte file version) in
+    ``files_dir``, for a process that reads the copies without keeping them (``fabric://``
+    with ``copies=``): None where there is none. The copy is read whole and checked first
+    unless its last check stands (as :class:`FileCopies` serves its own); one that fails is
+    removed. Its mtime becomes its last open (the eviction order)."""
+    named = find_copy(files_dir, key)
+    if named is None:
+        return None
+    path = copy_path(files_dir, key, named[2])
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None  # (evicted meanwhile)
+    try:
+        stale = not fresh(checked_at(path, named[2]), time.time(), recheck_after)
+        if os.fstat(fd).st_size != size or (stale and file_checksum(fd) != named[2]):
+            log.warning("copy %s is damaged (not its file's size or checksum): removed", key)
+            unlink_quietly(path)
+            os.close(fd)
+            return None
+        if stale:
+            mark_checked(fd, named[2])
+        os.utime(fd)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def mark_checked(fd: int, checksum: str) -> float:

@@ -52,7 +52,10 @@ class Checkpoints:
     """The checkpoints of run ``run`` in repository ``repo`` of the hub or spoke at ``server``
     (default ``$FABRIC_SERVER``, token ``$FABRIC_TOKEN``). ``branch`` replaces the run's
     branch ``ckpt.RUN``; ``retention`` is applied after every save (None: keep everything);
-    ``create_repo`` lets the first save create a missing repository."""
+    ``create_repo`` lets the first save create a missing repository; ``copies``: a directory
+    on this machine's disk where the files of a DCP save leave plain copies, which a DCP load
+    on this machine reads at the local disk's speed (``fabric://``'s ``copies=``, default
+    ``$FABRIC_COPIES``)."""
 
     def __init__(
         self,
@@ -64,6 +67,7 @@ class Checkpoints:
         token: str | None = None,
         retention: Retention | None = None,
         create_repo: bool = True,
+        copies: str | None = None,
     ) -> None:
         try:
             self.repo = check_repo_name(repo)
@@ -76,7 +80,8 @@ class Checkpoints:
         self.create_repo = create_repo
         token = token if token is not None else os.environ.get("FABRIC_TOKEN")
         #: What ``fabric://`` needs to reach the server: DCP's readers and writers get it too.
-        self.storage_options: dict[str, Any] = {"server": server or os.environ.get("FABRIC_SERVER"), "token": token}
+        self.storage_options: dict[str, Any] = {"server": server or os.environ.get("FABRIC_SERVER"), "token": token,
+                                                "copies": copies}
         self.fs = FabricFileSystem(**self.storage_options, skip_instance_cache=True)
         self.plane = self.fs.plane
 

@@ -3,13 +3,19 @@ while they are written and staged on close."""
 
 from __future__ import annotations
 
+import logging
+import os
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fsspec.spec import AbstractBufferedFile
 
+from fabric.cache.files import MIN_SIZE
 from fabric.cache.lru import BytesLRU
+from fabric.cache.seeds import CopySeeder
+from fabric.client.copies import copy_key
 from fabric.format.ingest import StreamChunker, file_entry
 from fabric.format.model import Entry
 from fabric.fsspec import chunks
@@ -18,6 +24,8 @@ from fabric.fsspec.locations import Location
 
 if TYPE_CHECKING:
     from fabric.fsspec.filesystem import FabricFileSystem
+
+log = logging.getLogger("fabric.fsspec")
 
 #: Bytes a read asks for beyond what was read (fsspec's readahead cache) and per write buffer.
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
@@ -74,14 +82,21 @@ class FabricWriteFile(AbstractBufferedFile):
     (:class:`~fabric.format.ingest.StreamChunker`); on close the last chunk is sent and the
     file staged as one entry, then committed if the file system has ``commit=``. Memory:
     two blocks, one unfinished chunk and one partial pack. Leaving a ``with`` block by an
-    exception stages nothing (chunks already sent are left to the server's gc)."""
+    exception stages nothing (chunks already sent are left to the server's gc).
+
+    With ``seeds`` (the file system's ``copies``), the blocks are also written, in the same
+    background step, to a local file, which becomes the version's copy once staged
+    (:class:`~fabric.cache.seeds.CopySeeder`: a link, summed and flushed in the background)."""
 
     DEFAULT_BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 
-    def __init__(self, fs: FabricFileSystem, path: str, loc: Location, mode: str, **kwargs: Any) -> None:
+    def __init__(self, fs: FabricFileSystem, path: str, loc: Location, mode: str, seeds: CopySeeder | None = None,
+                 **kwargs: Any) -> None:
         self._loc = loc
         self._chunker = StreamChunker(lambda: fs.plane.chunk_sink(loc.repo))
         self._feeding: Future | None = None
+        self._seeds = seeds
+        self._local: LocalCopy | None = None
         super().__init__(fs, path, mode=mode, **kwargs)
 
     def _fed(self) -> None:
@@ -94,23 +109,35 @@ class FabricWriteFile(AbstractBufferedFile):
     def _upload_chunk(self, final: bool = False) -> bool:
         block = self.buffer.getvalue()
         self._fed()
+        if self._seeds is not None and self.offset == 0 and (not final or len(block) >= MIN_SIZE):
+            self._local = LocalCopy(self._seeds)  # (a file large enough to be copied)
         if block:
-            self._feeding = _CHUNKERS.submit(self._chunker.feed, block)
+            self._feeding = _CHUNKERS.submit(self._feed, block)
         if final and self.autocommit:
             self.commit()
         return True
+
+    def _feed(self, block: bytes) -> None:
+        self._chunker.feed(block)
+        if self._local is not None:
+            self._local.write(block)
 
     def commit(self) -> None:
         """Stage what was written (called on close, or by fsspec's transaction at its end)."""
         self._fed()
         with fs_errors(self.path):
             chunks, md5 = self._chunker.finish()
-        self.fs._stage_file(self._loc, file_entry(chunks, md5, mtime_ns=time.time_ns()))
+        entry = file_entry(chunks, md5, mtime_ns=time.time_ns())
+        self.fs._stage_file(self._loc, entry)
+        if self._local is not None:
+            self._local.seed(entry)
 
     def discard(self) -> None:
         feeding, self._feeding = self._feeding, None
         if feeding is not None and not feeding.cancel():
             feeding.exception()  # wait for it; its outcome no longer matters
+        if self._local is not None:
+            self._local.drop()
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if exc_type is None:
@@ -118,3 +145,46 @@ class FabricWriteFile(AbstractBufferedFile):
         else:
             self.discard()
             self.closed = True
+
+
+class LocalCopy:
+    """The local file a :class:`FabricWriteFile` leaves as its version's copy. Failures (a
+    full disk) only lose the copy: the file is staged all the same."""
+
+    def __init__(self, seeds: CopySeeder) -> None:
+        self.seeds = seeds
+        self.path = os.path.join(seeds.incoming, f"{os.getpid()}-w{uuid.uuid4().hex}")
+        try:
+            self.fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            log.info("no local copy of a file written: %s", exc)
+            self.fd = None
+        self.size = 0
+
+    def write(self, block: bytes) -> None:
+        if self.fd is None:
+            return
+        try:
+            view = memoryview(block)
+            while view:
+                view = view[os.write(self.fd, view) :]
+            self.size += len(block)
+        except OSError as exc:
+            log.info("no local copy of a file written: %s", exc)
+            self.drop()
+
+    def seed(self, entry: Entry) -> None:
+        """The file was staged as ``entry``: its local file becomes the version's copy."""
+        if self.fd is not None and self.size == entry.size:
+            self.seeds.seed(self.fd, copy_key(entry), entry.size)
+        self.drop()
+
+    def drop(self) -> None:
+        if self.fd is None:
+            return
+        os.close(self.fd)
+        self.fd = None
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass

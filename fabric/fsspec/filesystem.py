@@ -35,6 +35,8 @@ from typing import Any, BinaryIO, cast
 from fsspec.spec import AbstractFileSystem
 
 from fabric import errors
+from fabric.cache.files import MIN_SIZE
+from fabric.client.copies import open_copy, seeder
 from fabric.client.http import HttpPlane
 from fabric.format.links import NAMES
 from fabric.format.model import DIR, FILE, SYMLINK, Entry, stored_ids
@@ -46,6 +48,7 @@ from fabric.fsspec.errors import fs_errors, is_a_directory, not_a_directory, not
 from fabric.fsspec.files import FabricReadFile, FabricWriteFile
 from fabric.fsspec.locations import Location, parse
 from fabric.util.heap import reuse_freed_buffers
+from fabric.util.sizes import parse_size
 
 #: Paths whose entries one ``cat``/``cat_ranges`` call looks up at once.
 STAT_THREADS = 16
@@ -61,7 +64,14 @@ class FabricFileSystem(AbstractFileSystem):
     branch after every write; ``timeout``: seconds a request may wait; ``job``: the job
     its reads are accounted to at a spoke (``X-Fabric-Job``, default ``$FABRIC_JOB``);
     ``entries``: where entries read at a commit id are kept (default: a store of its own),
-    so file systems of one process's forks can share what one of them listed.
+    so file systems of one process's forks can share what one of them listed; ``copies``: a
+    directory of plain copies of file versions on this machine (default ``$FABRIC_COPIES``;
+    :mod:`fabric.client.copies`): a file of 1 MiB or more opened for reading whose version
+    has a copy there is read from it, at the local disk's speed (checked whole first unless
+    checked within the day), and each such file written here leaves one there (a checkpoint
+    restored on the machine that saved it), within ``copies_size`` (least recently opened
+    first). It is shared with ``fabric mount --seed-copies DIR`` and ``--passthrough
+    --cache-dir DIR``.
 
     Creating one has the process keep the buffers it frees for reuse
     (:func:`fabric.util.heap.reuse_freed_buffers`: reads of large files take a third less
@@ -79,6 +89,8 @@ class FabricFileSystem(AbstractFileSystem):
         timeout: float = 300.0,
         job: str | None = None,
         entries: CommitEntries | None = None,
+        copies: str | None = None,
+        copies_size: int | str = "5G",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -95,6 +107,8 @@ class FabricFileSystem(AbstractFileSystem):
         self._at_commit = entries if entries is not None else CommitEntries()
         self._stat_pool: ThreadPoolExecutor | None = None
         self._stat_pool_pid = 0
+        self.copies = copies if copies is not None else os.environ.get("FABRIC_COPIES") or None
+        self.copies_size = parse_size(copies_size) if isinstance(copies_size, str) else copies_size
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
@@ -311,11 +325,14 @@ class FabricFileSystem(AbstractFileSystem):
         path = self._strip_protocol(path)
         if mode == "rb":
             loc, entry = self._file_entry(path)
+            if self.copies and (fd := open_copy(self.copies, entry)) is not None:
+                return open(fd, "rb")  # (the version's copy on this machine's disk)
             info = self._entry_info(path, entry)
             return FabricReadFile(self, path, loc, entry, info, block_size=block_size, cache_options=cache_options, **kwargs)
         if mode in ("wb", "xb"):
             loc, _ = self._new_file(path, exclusive=mode == "xb")
-            return FabricWriteFile(self, path, loc, mode, block_size=block_size, autocommit=autocommit, **kwargs)
+            seeds = seeder(self.copies, self.copies_size) if self.copies else None
+            return FabricWriteFile(self, path, loc, mode, block_size=block_size, autocommit=autocommit, seeds=seeds, **kwargs)
         raise ValueError(f"fabric://{path}: mode {mode!r} is not supported: open for reading (rb) or writing (wb, xb)")
 
     def hint(self, paths: list[str], append: bool = False) -> dict:
@@ -500,6 +517,10 @@ class FabricFileSystem(AbstractFileSystem):
                 self.plane.commit(loc.repo, branch, self.commit_message, allow_empty=True)
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        if self.copies and len(value) >= MIN_SIZE:  # (written as opened files are: it leaves a copy)
+            with self.open(path, "xb" if mode == "create" else "wb") as f:
+                f.write(value)
+            return
         loc, _ = self._new_file(path, exclusive=mode == "create")
         self._store(loc, io.BytesIO(value))
 

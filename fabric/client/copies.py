@@ -1,0 +1,50 @@
+"""Plain copies of file versions on this machine's disk, which the processes reading and
+writing a repository here share (:mod:`fabric.cache.files`): ``fabric mount --seed-copies``
+and ``--passthrough``, and ``fabric://`` with ``copies=DIR`` (:mod:`fabric.fsspec`).
+
+A copy is named by its file version (:func:`copy_key`), so whoever has the version's entry
+finds it, whatever path or repository the entry came from."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from fabric.cache import files
+from fabric.cache.seeds import CopySeeder
+from fabric.engine.metastore import CHUNKLIST, object_id
+from fabric.format.model import FILE, INLINE_CHUNKS, Entry, chunk_list_object
+
+
+def copy_key(entry: Entry) -> str:
+    """The name of the copy of a file version: its size and chunk ids, or the id of its chunk
+    list where that list is long enough to be an object of its own, whether ``entry`` carries
+    the list itself (the writer of the file) or only its id (a listing)."""
+    if entry.chunklist or len(entry.chunks) > INLINE_CHUNKS:
+        list_id = entry.chunklist or object_id(CHUNKLIST, chunk_list_object(entry.chunks))
+        return files.copy_key(entry.size, [list_id.encode()])
+    return files.copy_key(entry.size, [cid for cid, _ in entry.chunks])
+
+
+def open_copy(root: str, entry: Entry) -> int | None:
+    """A read-only descriptor of the copy of ``entry``'s version under ``root`` (checked as
+    :func:`fabric.cache.files.open_copy` says), or None: none there, or not a file large
+    enough to be copied."""
+    if entry.kind != FILE or entry.size < files.MIN_SIZE:
+        return None
+    return files.open_copy(os.path.join(root, files.FILES), copy_key(entry), entry.size)
+
+
+_seeders: dict[str, CopySeeder] = {}
+_seeders_lock = threading.Lock()
+
+
+def seeder(root: str, budget: int) -> CopySeeder:
+    """This process's seeder of the copies under ``root`` (one per directory: a seeder's start
+    removes what its process left in ``incoming/``); ``budget`` is the first caller's."""
+    root = os.path.realpath(root)
+    with _seeders_lock:
+        found = _seeders.get(root)
+        if found is None:
+            found = _seeders[root] = CopySeeder(root, budget)
+        return found

@@ -1,0 +1,90 @@
+"""``fabric://`` with ``copies=DIR`` (issue 16, restore on the machine that saved a checkpoint):
+a file written through it leaves a plain copy of its version in DIR, and an open for reading of
+that version reads the copy from the local disk, checked as a passthrough mount checks its
+copies (fabric/client/copies.py, fabric/cache/files.py)."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+
+import pytest
+
+from fabric.cache.files import CHECKED_XATTR, FILES, INCOMING
+from fabric.fsspec.files import FabricReadFile
+from tests.hubserver import Hub
+from tests.test_fsspec import new_fs, new_repo
+
+MIB = 1024 * 1024
+
+
+def _copies(root: str) -> list[str]:
+    """The copies placed under ``root`` (not those on their way)."""
+    top = os.path.join(root, FILES)
+    if not os.path.isdir(top):
+        return []
+    return sorted(os.path.join(top, d, n) for d in os.listdir(top) if d != INCOMING for n in os.listdir(os.path.join(top, d)))
+
+
+def _until_copies(root: str, count: int) -> list[str]:
+    deadline = time.monotonic() + 20
+    while len(found := _copies(root)) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return found
+
+
+def _flip_a_byte(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_file_written_leaves_a_copy_that_reads_of_its_version_take(hub: Hub, tmp_path) -> None:
+    repo, copies = new_repo(hub, "copies"), str(tmp_path / "copies")
+    big, small = os.urandom(9 * MIB + 5), os.urandom(300_000)
+    writer = new_fs(hub.url, hub.token, copies=copies, commit="save")
+    with writer.open(f"{repo}/ckpt/shard.bin", "wb") as f:
+        for i in range(0, len(big), MIB):
+            f.write(big[i : i + MIB])
+    writer.pipe_file(f"{repo}/ckpt/meta.json", small)  # (under 1 MiB: never copied)
+    [copy] = _until_copies(copies, 1)
+    assert os.path.getsize(copy) == len(big) and os.listdir(os.path.join(copies, FILES, INCOMING)) == []
+
+    reader = new_fs(hub.url, hub.token, copies=copies)
+    with reader.open(f"{repo}/ckpt/shard.bin", "rb") as f:
+        assert isinstance(f, io.BufferedReader)  # the local copy, not chunks from the server
+        f.seek(4 * MIB - 3)
+        assert f.read(10) == big[4 * MIB - 3 : 4 * MIB + 7]
+        f.seek(0)
+        assert f.read() == big
+    with reader.open(f"{repo}/ckpt/meta.json", "rb") as f:
+        assert isinstance(f, FabricReadFile) and f.read() == small
+    with new_fs(hub.url, hub.token).open(f"{repo}/ckpt/shard.bin", "rb") as f:
+        assert isinstance(f, FabricReadFile)  # without copies=: from the server
+
+    # A copy whose last check is more than a day old is read whole first: damage is found.
+    _flip_a_byte(copy, 5 * MIB)
+    os.setxattr(copy, CHECKED_XATTR, f"{time.time() - 25 * 3600:.0f} {os.path.basename(copy).partition('-')[2]}".encode())
+    with reader.open(f"{repo}/ckpt/shard.bin", "rb") as f:
+        assert isinstance(f, FabricReadFile) and f.read() == big
+    assert not os.path.exists(copy)
+
+
+def test_a_write_given_up_leaves_nothing_and_a_new_version_is_a_new_copy(hub: Hub, tmp_path) -> None:
+    repo, copies = new_repo(hub, "copies2"), str(tmp_path / "copies")
+    fs = new_fs(hub.url, hub.token, copies=copies, commit="save")
+    with pytest.raises(RuntimeError), fs.open(f"{repo}/a.bin", "wb") as f:
+        f.write(os.urandom(6 * MIB))
+        raise RuntimeError("the save fails")
+    assert not fs.exists(f"{repo}/a.bin")
+    first, second = os.urandom(2 * MIB), os.urandom(2 * MIB)
+    fs.pipe_file(f"{repo}/a.bin", first)
+    fs.pipe_file(f"{repo}/a.bin", second)  # the same path, another version
+    assert len(_until_copies(copies, 2)) == 2
+    assert os.listdir(os.path.join(copies, FILES, INCOMING)) == []
+    assert fs.cat_file(f"{repo}/a.bin") == second
+    with fs.open(f"{repo}/a.bin", "rb") as f:
+        assert isinstance(f, io.BufferedReader) and f.read() == second
