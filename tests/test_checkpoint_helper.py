@@ -24,7 +24,7 @@ from fabric.checkpoint import Checkpoints, Retention, latest, list_checkpoints, 
 from fabric.format.checkpoint_names import STEP_META
 from tests.ci_requirements import missing
 from tests.fuse_helpers import fabric, mounted, needs_fuse
-from tests.hubserver import ROOT, Hub, unique_name
+from tests.hubserver import ROOT, Hub, metric_value, unique_name
 from tests.test_fsspec import frames_requests
 
 # Single-process DCP checkpoints (no_dist=True) are what these tests mean to make.
@@ -349,6 +349,24 @@ def test_a_dcp_checkpoint_loads_from_the_copies_its_save_left_on_this_machine(hu
         return frames_requests(hub.metrics()) - before
 
     assert load_counting_frames(copies=copies) < load_counting_frames()  # the shard came from its copy
+
+
+def test_a_files_checkpoint_loads_from_the_copies_its_save_left_on_this_machine(hub: Hub, tmp_path):
+    copies = str(tmp_path / "copies")
+    state = {"weights.bin": os.urandom(3 * 1024 * 1024 + 11), "meta.json": b'{"step": 5}'}
+    ck = run_of(hub, "ckfilescopies", copies=copies)
+    ck.save(state, 5)
+    deadline = time.monotonic() + 20
+    while not (placed := list((tmp_path / "copies" / "files").glob("??/*"))) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [p.stat().st_size for p in placed] == [len(state["weights.bin"])]  # (the small file has none)
+
+    def load_counting_bytes(**options) -> float:
+        before = metric_value(hub.metrics(), "fabric_http_bytes_total", direction="out")
+        assert Checkpoints(ck.repo, "train", server=hub.url, token=hub.token, **options).load(5) == state
+        return metric_value(hub.metrics(), "fabric_http_bytes_total", direction="out") - before
+
+    assert load_counting_bytes(copies=copies) < 1024 * 1024 < load_counting_bytes()  # the weights came from their copy
 
 
 def test_importing_the_helper_does_not_import_torch():

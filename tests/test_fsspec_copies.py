@@ -13,7 +13,7 @@ import pytest
 
 from fabric.cache.files import CHECKED_XATTR, FILES, INCOMING
 from fabric.fsspec.files import FabricReadFile
-from tests.hubserver import Hub
+from tests.hubserver import Hub, metric_value
 from tests.test_fsspec import new_fs, new_repo
 
 MIB = 1024 * 1024
@@ -64,6 +64,12 @@ def test_a_file_written_leaves_a_copy_that_reads_of_its_version_take(hub: Hub, t
         assert isinstance(f, FabricReadFile) and f.read() == small
     with new_fs(hub.url, hub.token).open(f"{repo}/ckpt/shard.bin", "rb") as f:
         assert isinstance(f, FabricReadFile)  # without copies=: from the server
+    shard, meta = f"{repo}/ckpt/shard.bin", f"{repo}/ckpt/meta.json"
+    sent = metric_value(hub.metrics(), "fabric_http_bytes_total", direction="out")
+    assert reader.cat_file(shard, 5, 5 + MIB) == big[5 : 5 + MIB]
+    assert reader.cat([shard, meta]) == {shard: big, meta: small}
+    assert reader.cat_ranges([shard, meta], [MIB, 7], [MIB + 10, 100]) == [big[MIB : MIB + 10], small[7:100]]
+    assert metric_value(hub.metrics(), "fabric_http_bytes_total", direction="out") - sent < 2 * MIB  # the shard's 10 MiB came from its copy
 
     # A copy whose last check is more than a day old is read whole first: damage is found.
     _flip_a_byte(copy, 5 * MIB)

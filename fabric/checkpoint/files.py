@@ -34,7 +34,10 @@ def save(ckpts: Checkpoints, state: Mapping[str, Any], step: int, overwrite: boo
     prefix = names.step_dir(step)
     with fs_errors(f"{ckpts.repo}@{ckpts.branch}/{prefix}"):
         for name, data in state.items():
-            ckpts.plane.put_object(ckpts.repo, ckpts.branch, f"{prefix}/{name}", io.BytesIO(bytes(data)))
+            if ckpts.fs.copies:  # (through fabric://, which leaves local copies of large files)
+                ckpts.fs.pipe_file(f"{ckpts.repo}@{ckpts.branch}/{prefix}/{name}", bytes(data))
+            else:
+                ckpts.plane.put_object(ckpts.repo, ckpts.branch, f"{prefix}/{name}", io.BytesIO(bytes(data)))
     return ckpts.finish(step, base, names.FILES, overwrite)
 
 

@@ -53,9 +53,9 @@ class Checkpoints:
     (default ``$FABRIC_SERVER``, token ``$FABRIC_TOKEN``). ``branch`` replaces the run's
     branch ``ckpt.RUN``; ``retention`` is applied after every save (None: keep everything);
     ``create_repo`` lets the first save create a missing repository; ``copies``: a directory
-    on this machine's disk where the files of a DCP save leave plain copies, which a DCP load
-    on this machine reads at the local disk's speed (``fabric://``'s ``copies=``, default
-    ``$FABRIC_COPIES``)."""
+    on this machine's disk where the files of 1 MiB or more a save writes leave plain copies,
+    which a load on this machine reads at the local disk's speed (``fabric://``'s ``copies=``,
+    default ``$FABRIC_COPIES``)."""
 
     def __init__(
         self,

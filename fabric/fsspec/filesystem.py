@@ -66,11 +66,12 @@ class FabricFileSystem(AbstractFileSystem):
     ``entries``: where entries read at a commit id are kept (default: a store of its own),
     so file systems of one process's forks can share what one of them listed; ``copies``: a
     directory of plain copies of file versions on this machine (default ``$FABRIC_COPIES``;
-    :mod:`fabric.client.copies`): a file of 1 MiB or more opened for reading whose version
-    has a copy there is read from it, at the local disk's speed (checked whole first unless
-    checked within the day), and each such file written here leaves one there (a checkpoint
-    restored on the machine that saved it), within ``copies_size`` (least recently opened
-    first). It is shared with ``fabric mount --seed-copies DIR`` and ``--passthrough
+    :mod:`fabric.client.copies`): a file of 1 MiB or more opened or ``cat`` for reading whose
+    version has a copy there is read from it, at the local disk's speed (checked whole first
+    unless checked within the day), and each such file written here (``open``, ``pipe_file``)
+    leaves one there (a checkpoint restored on the machine that saved it), within
+    ``copies_size`` (least recently opened first). Only a directory no one else can write to:
+    what is in it is what is read. It is shared with ``fabric mount --seed-copies DIR`` and ``--passthrough
     --cache-dir DIR``.
 
     Creating one has the process keep the buffers it frees for reuse
@@ -408,10 +409,13 @@ class FabricFileSystem(AbstractFileSystem):
         range needs are fetched in one ``frames`` call per repository."""
         paths = list(dict.fromkeys(self._strip_protocol(p) for p, _, _ in reads))
 
-        def lookup(p: str, cached_only: bool = False) -> tuple[Location, chunks.ChunkMap] | BaseException | None:
+        def lookup(p: str, cached_only: bool = False) -> tuple[Location, chunks.ChunkMap, int | None] | BaseException | None:
+            """The file's location, chunks and local copy (a descriptor, or None)."""
             try:
                 found = self._entry_of(p, cached_only)
-                return None if found is None else (found[0], chunks.ChunkMap(found[1]))
+                if found is None:
+                    return None
+                return found[0], chunks.ChunkMap(found[1]), open_copy(self.copies, found[1]) if self.copies else None
             except Exception as exc:  # noqa: BLE001 - returned to the caller, per path
                 return exc
 
@@ -428,10 +432,11 @@ class FabricFileSystem(AbstractFileSystem):
             if isinstance(item, BaseException):
                 spans.append(item)
                 continue
-            loc, cmap = item
+            loc, cmap, copy = item
             s, e = _bounds(start, end, cmap.size)
             spans.append((self._strip_protocol(p), s, e))
-            wanted.setdefault(loc.repo, []).extend(cmap.ids_for(s, e))
+            if copy is None:
+                wanted.setdefault(loc.repo, []).extend(cmap.ids_for(s, e))
         fetched: dict[str, dict[bytes, bytes] | BaseException] = {}
         for repo, ids in wanted.items():
             try:
@@ -440,14 +445,22 @@ class FabricFileSystem(AbstractFileSystem):
             except Exception as exc:  # noqa: BLE001 - every read of the repository fails with it
                 fetched[repo] = exc
         out: list[bytes | BaseException] = []
-        for span in spans:
-            if isinstance(span, BaseException):
-                out.append(span)
-                continue
-            p, s, e = span
-            loc, cmap = found[p]  # type: ignore[misc]
-            got = fetched.get(loc.repo, {})
-            out.append(got if isinstance(got, BaseException) else cmap.assemble(s, e, got))
+        try:
+            for span in spans:
+                if isinstance(span, BaseException):
+                    out.append(span)
+                    continue
+                p, s, e = span
+                loc, cmap, copy = found[p]  # type: ignore[misc]
+                if copy is not None:
+                    out.append(_pread_all(copy, s, e))
+                    continue
+                got = fetched.get(loc.repo, {})
+                out.append(got if isinstance(got, BaseException) else cmap.assemble(s, e, got))
+        finally:
+            for item in found.values():
+                if isinstance(item, tuple) and item[2] is not None:
+                    os.close(item[2])
         return out
 
     def _stat_threads(self) -> ThreadPoolExecutor:
@@ -648,3 +661,15 @@ def _bounds(start: int | None, end: int | None, size: int) -> tuple[int, int]:
     e = size if end is None else end + size if end < 0 else end
     s, e = max(0, min(s, size)), max(0, min(e, size))
     return s, max(s, e)
+
+
+def _pread_all(fd: int, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the file open as ``fd`` (a local copy)."""
+    parts, offset = [], start
+    while offset < end:
+        piece = os.pread(fd, end - offset, offset)
+        if not piece:
+            raise OSError(errno.EIO, f"a local copy ended at {offset} of {end} bytes")
+        parts.append(piece)
+        offset += len(piece)
+    return b"".join(parts)
