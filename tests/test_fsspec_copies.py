@@ -14,6 +14,7 @@ import pytest
 from fabric.cache.files import CHECKED_XATTR, FILES, INCOMING
 from fabric.fsspec.files import FabricReadFile
 from tests.hubserver import Hub, metric_value
+from tests.test_corruption import flip
 from tests.test_fsspec import new_fs, new_repo
 
 MIB = 1024 * 1024
@@ -32,14 +33,6 @@ def _until_copies(root: str, count: int) -> list[str]:
     while len(found := _copies(root)) < count and time.monotonic() < deadline:
         time.sleep(0.02)
     return found
-
-
-def _flip_a_byte(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def test_a_file_written_leaves_a_copy_that_reads_of_its_version_take(hub: Hub, tmp_path) -> None:
@@ -72,7 +65,7 @@ def test_a_file_written_leaves_a_copy_that_reads_of_its_version_take(hub: Hub, t
     assert metric_value(hub.metrics(), "fabric_http_bytes_total", direction="out") - sent < 2 * MIB  # the shard's 10 MiB came from its copy
 
     # A copy whose last check is more than a day old is read whole first: damage is found.
-    _flip_a_byte(copy, 5 * MIB)
+    flip(copy, 5 * MIB, 0xFF)
     os.setxattr(copy, CHECKED_XATTR, f"{time.time() - 25 * 3600:.0f} {os.path.basename(copy).partition('-')[2]}".encode())
     with reader.open(f"{repo}/ckpt/shard.bin", "rb") as f:
         assert isinstance(f, FabricReadFile) and f.read() == big

@@ -25,6 +25,7 @@ from fuse.mount import read_state
 from tests.ci_requirements import requires
 from tests.fuse_helpers import fabric, mount_stats, mounted, needs_fuse
 from tests.hubserver import unique_name
+from tests.test_corruption import flip
 from tests.test_fuse_cold_reads import make_files
 
 MIB = 1024 * 1024
@@ -91,7 +92,7 @@ def test_a_copy_whose_last_check_is_stale_is_checked_whole_at_its_first_open(tmp
     copies.filling(key, len(data)).write(data, 0)
     copies.close()
     [path] = [os.path.join(d, f) for d, _, names in os.walk(copies.dir) for f in names]
-    _flip_a_byte(path, MIB)  # damaged on the disk after its check, the size unchanged
+    flip(path, MIB, 0xFF)  # damaged on the disk after its check, the size unchanged
     stray = os.path.join(copies.dir, "ab", "not-a-copy")
     os.makedirs(os.path.dirname(stray))
     open(stray, "wb").close()
@@ -125,7 +126,7 @@ def test_a_copy_checked_within_a_day_is_served_at_once_after_a_restart(tmp_path)
     blobs, paths = _made_copies(tmp_path, 4)
     recent, old, other_bytes, unrecorded = list(blobs)
     for key in blobs:  # the same damage to each, unseen by its metadata
-        _flip_a_byte(paths[key], 7)
+        flip(paths[key], 7, 0xFF)
     _record_check(paths[recent], time.time() - 3600)
     _record_check(paths[old], time.time() - 25 * 3600)
     _record_check(paths[other_bytes], time.time(), checksum="0" * 32)
@@ -153,18 +154,10 @@ def test_a_copy_checked_within_a_day_is_served_at_once_after_a_restart(tmp_path)
     assert FileCopies(str(tmp_path), budget=64 * MIB, min_size=1).snapshot()["unchecked"] == 0
 
 
-def _flip_a_byte(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:  # a bad disk: one byte changed, the size the same
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def test_the_scrub_checks_copies_before_their_opens_and_again_as_their_checks_go_stale(tmp_path):
     blobs, paths = _made_copies(tmp_path, 3)
     bad, later, good = list(blobs)
-    _flip_a_byte(paths[bad], 1000)
+    flip(paths[bad], 1000, 0xFF)
 
     time.sleep(0.6)
     copies = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1, recheck_after=0.5)  # the checks at their making are stale
@@ -180,7 +173,7 @@ def test_the_scrub_checks_copies_before_their_opens_and_again_as_their_checks_go
         fd = copies.open(good, len(blobs[good]))
         assert fd is not None and os.pread(fd, len(blobs[good]), 0) == blobs[good]
         os.close(fd)
-        _flip_a_byte(paths[later], 5)  # damaged at rest while the mount runs: the next pass finds it
+        flip(paths[later], 5, 0xFF)  # damaged at rest while the mount runs: the next pass finds it
         while copies.snapshot()["corruptions"] < 2 and time.monotonic() < deadline + 5:
             time.sleep(0.05)
         assert copies.snapshot()["corruptions"] == 2 and not os.path.exists(paths[later])
