@@ -124,11 +124,16 @@ class FabricWriteFile(AbstractBufferedFile):
 
     def commit(self) -> None:
         """Stage what was written (called on close, or by fsspec's transaction at its end)."""
-        self._fed()
-        with fs_errors(self.path):
-            chunks, md5 = self._chunker.finish()
-        entry = file_entry(chunks, md5, mtime_ns=time.time_ns())
-        self.fs._stage_file(self._loc, entry)
+        try:
+            self._fed()
+            with fs_errors(self.path):
+                chunks, md5 = self._chunker.finish()
+            entry = file_entry(chunks, md5, mtime_ns=time.time_ns())
+            self.fs._stage_file(self._loc, entry)
+        except BaseException:
+            if self._local is not None:
+                self._local.drop()
+            raise
         if self._local is not None:
             self._local.seed(entry)
 
@@ -155,7 +160,7 @@ class LocalCopy:
         self.seeds = seeds
         self.path = os.path.join(seeds.incoming, f"{os.getpid()}-w{uuid.uuid4().hex}")
         try:
-            self.fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             log.info("no local copy of a file written: %s", exc)
             self.fd = None

@@ -67,8 +67,8 @@ class Session:
         """Answer requests in up to ``threads`` threads until unmounted (blocks; see the module
         docstring). ``on_thread``: ``(begin, end)`` called around each request with the opcode
         (:mod:`fuse.outage`)."""
-        self.readers = _Readers(lambda: self._loop(handler, on_thread, self.readers), max(1, threads))
-        self.readers.run()
+        readers = self.readers = _Readers(max(1, threads))
+        readers.run(lambda: self._loop(handler, on_thread, readers))
         os.close(self.dev)
 
     def unmount(self) -> None:
@@ -135,8 +135,9 @@ class Session:
 class _Readers:
     """The threads of :meth:`Session.serve`: :data:`READERS` of them, more while answers are slow."""
 
-    def __init__(self, loop: Callable[[], None], most: int) -> None:
-        self._loop, self.most = loop, most
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self._loop: Callable[[], None] = lambda: None
         self._cond = threading.Condition()
         self._threads: set[threading.Thread] = set()
         self._idle = 0  # threads waiting for a request (or about to: started)
@@ -144,8 +145,10 @@ class _Readers:
         self._ended = False  # unmounted
         self._count = 0
 
-    def run(self) -> None:
-        """Start the readers, and more while answers are slow; return once all have ended."""
+    def run(self, loop: Callable[[], None]) -> None:
+        """Start the readers, each running ``loop``, and more while answers are slow; return
+        once all have ended."""
+        self._loop = loop
         with self._cond:
             for _ in range(min(READERS, self.most)):
                 self._start()
