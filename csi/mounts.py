@@ -210,7 +210,8 @@ class Mounts:
     def _start_mount(self, req: PublishRequest, private: str, token: str | None, key: str, write_dir: str | None) -> int:
         vol = req.volume
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", vol.server, f"{vol.repo}@{vol.ref}", private, "--allow-other"]
-        argv += req.options.mount_args(os.path.join(self.state_dir, "cache", key), write_dir)
+        copies = hashlib.sha256(f"{vol.server}|{vol.repo}".encode()).hexdigest()[:20]  # (a repository's own: no other learns of it)
+        argv += req.options.mount_args(os.path.join(self.state_dir, "cache", key), write_dir, os.path.join(self.state_dir, "copies", copies))
         argv += _spoke_cache_args(req)
         argv += ["--log-file", os.path.join(self.state_dir, "logs", key + ".log")]
         if req.writable:

@@ -150,16 +150,22 @@ class MountOptions:
     writeback: bool = False
     passthrough: bool = False
 
-    def mount_args(self, cache_dir: str, write_dir: str | None = None) -> list[str]:
+    def mount_args(self, cache_dir: str, write_dir: str | None = None, copies_dir: str | None = None) -> list[str]:
         """``cache-size`` keeps chunks on the node's disk, in ``cache_dir``, up to that size;
-        ``writeback`` parks writes in ``write_dir`` (given for a writable publish only)."""
+        ``writeback`` parks writes in ``write_dir`` (given for a writable publish only) and
+        leaves a copy of each large file it stages in ``copies_dir``, the node's copies of the
+        repository, which a ``passthrough`` volume reads."""
         args = ["--durability", self.durability]
         if self.cache_size:
             args += ["--cache-dir", cache_dir, "--cache-size", self.cache_size]
         if self.writeback and write_dir:
             args += ["--writeback", "--write-dir", write_dir]
+            if copies_dir:
+                args += ["--seed-copies", copies_dir]
         if self.passthrough:
             args.append("--passthrough")
+            if copies_dir:
+                args += ["--copies-dir", copies_dir]
         if self.commit_interval:
             args += ["--commit-interval", self.commit_interval]
         if self.commit_on_unmount:

@@ -141,8 +141,9 @@ statistics, is at --log-file.
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Also keep chunks on disk here, appended to packs of up to 64 MiB (survives remounts; chunk files of older versions there are removed).")
 @click.option("--cache-size", type=Size(), default="10G", show_default=True, help="Size bound of --cache-dir.")
 @click.option("--passthrough", is_flag=True, help="A commit or tag with --cache-dir, as root: keep a plain copy of each file of 1 MiB or more read whole through the mount in --cache-dir (half of --cache-size), and let the kernel read those copies itself (FUSE passthrough, Linux 6.9+): a second read after the page cache is gone runs at the local disk's speed. Served without libfuse; every open then asks the mount (more CPU for many small files). Without passthrough in the kernel, files are read as usual.")
+@click.option("--copies-dir", type=click.Path(file_okay=False), metavar="DIR", help="With --passthrough: keep the plain copies in DIR instead of --cache-dir. Several processes may share DIR (a node's copies): writable mounts leave theirs there with --seed-copies DIR, fabric:// with copies=DIR, and other passthrough mounts read them. Its size bound is this mount's half of --cache-size.")
 @click.option("--no-passthrough-check", is_flag=True, help="With --passthrough: trust the copies at rest instead of reading each one whole and checking it again before it is served when its last check is more than a day old (in the background, or at its first open if that comes sooner). Only where the file system under --cache-dir checks its data itself (ZFS, btrfs): a copy damaged on a plain disk would then be served.")
-@click.option("--seed-copies", type=click.Path(file_okay=False), metavar="DIR", help="With --rw: once a file of 1 MiB or more written here is staged, keep a plain copy of it in DIR (a hard link to the mount's own file where DIR is on the --write-dir's file system). A `--passthrough` mount of a commit or tag with `--cache-dir DIR` then reads those files as local files: a checkpoint restored on the machine that saved it reads at the local disk's speed. Not this mount's own --cache-dir.")
+@click.option("--seed-copies", type=click.Path(file_okay=False), metavar="DIR", help="With --rw: once a file of 1 MiB or more written here is staged, keep a plain copy of it in DIR (a hard link to the mount's own file where DIR is on the --write-dir's file system). A `--passthrough` mount of a commit or tag with `--copies-dir DIR` (or `--cache-dir DIR`) then reads those files as local files: a checkpoint restored on the machine that saved it reads at the local disk's speed. Not this mount's own --cache-dir.")
 @click.option("--seed-copies-size", type=Size(), default="5G", show_default=True, help="Size bound of the copies in --seed-copies (the least recently opened go first).")
 @click.option("--spoke-cache", type=click.Path(file_okay=False), help="The --cache directory of the spoke SERVER_URL names, when it runs on this machine: chunks it holds are read from its files, each checked against its id, instead of over HTTP (about half the CPU of a warm read). Read-only; chunks it lacks still come from the spoke.")
 @click.option("--write-dir", type=click.Path(file_okay=False), help="Where files being written are kept until staged (default: a new temporary directory).")
@@ -176,6 +177,7 @@ def mount(
     cache_dir: str | None,
     cache_size: int,
     passthrough: bool,
+    copies_dir: str | None,
     no_passthrough_check: bool,
     seed_copies: str | None,
     seed_copies_size: int,
@@ -222,8 +224,8 @@ def mount(
         if spoke_cache:
             SpokeFiles(spoke_cache)
         is_branch = resolve_target(open_plane(server_url, token, durability), repo, ref, rw)[0]
-        check_passthrough(MountConfig(repo, ref, cache_dir=cache_dir, passthrough=passthrough, check_copies=not no_passthrough_check),
-                          is_branch, fuse_options)
+        check_passthrough(MountConfig(repo, ref, cache_dir=cache_dir, passthrough=passthrough, copies_dir=copies_dir,
+                                      check_copies=not no_passthrough_check), is_branch, fuse_options)
         check_write_dirs(MountConfig(repo, ref, writable=rw, cache_dir=cache_dir, write_dir=write_dir, seed_copies=seed_copies))
         log_path = log_file or default_log_path(mountpoint)
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", server_url, target, os.path.abspath(mountpoint)]
@@ -247,6 +249,7 @@ def mount(
         cache_dir=cache_dir,
         cache_size=cache_size,
         passthrough=passthrough,
+        copies_dir=copies_dir,
         check_copies=not no_passthrough_check,
         seed_copies=seed_copies,
         seed_copies_size=seed_copies_size,

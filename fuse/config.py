@@ -29,8 +29,9 @@ class MountConfig:
     stream_writes: bool = True  # chunk and send files written in order while they are written
     fetch_workers: int = 4
     passthrough: bool = False  # serve on the kernel's protocol, files with a copy in cache_dir read by the kernel (fuse/kernel)
+    copies_dir: str | None = None  # where the plain copies are (default cache_dir); one several processes may share
     check_copies: bool = True  # serve no copy last checked (read whole) more than a day before: the scrub, or its first open (fabric/cache/scrub.py)
-    seed_copies: str | None = None  # a --passthrough mount's --cache-dir: copies of the files staged are left there (fabric/cache/seeds.py)
+    seed_copies: str | None = None  # a --passthrough mount's --copies-dir: copies of the files staged are left there (fabric/cache/seeds.py)
     seed_copies_size: int = 5 * 1024**3
     job: str | None = None  # FABRIC_JOB: the job the mount reads for (a spoke learns its opens, fuse/opens.py)
 

@@ -94,6 +94,8 @@ def check_passthrough(cfg: MountConfig, is_branch: bool, fuse_options: dict | No
     if not cfg.passthrough:
         if not cfg.check_copies:
             raise BadRequest("--no-passthrough-check needs --passthrough")
+        if cfg.copies_dir:
+            raise BadRequest("--copies-dir needs --passthrough: it is where a passthrough mount's copies are")
         return
     if is_branch:
         raise BadRequest(f"--passthrough serves a commit or tag (immutable): {cfg.ref!r} is a branch")

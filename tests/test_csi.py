@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import io
 import os
@@ -230,6 +231,43 @@ def test_a_passthrough_volume_of_a_tag_reads_a_file_the_second_time_from_its_cop
     wait_for(lambda: counters().get("passthrough_opens") == 1, timeout=10, interval=0.2)
     unpublish(driver, "pt-vol", target)
     assert not os.path.exists(target)
+
+
+@requires(None if os.geteuid() == 0 and kernel_has_passthrough() else "FUSE passthrough needs root and CONFIG_FUSE_PASSTHROUGH")
+def test_a_checkpoint_a_writeback_volume_saved_is_read_by_a_passthrough_volume_on_the_node_from_its_copies(
+        hub, repo, driver, tmp_path, monkeypatch):
+    """The node's copies of a repository: a ``writeback`` volume leaves a copy of each large file
+    it stages there, and a ``passthrough`` volume of a tag of the same repository hands those
+    copies to the kernel (restore on the node that saved the checkpoint, without a byte
+    through the mount)."""
+    data = os.urandom(3 << 20)
+    hub.plane().put_object(repo, "main", "ck/.keep", io.BytesIO(b""))
+    writer, reader = str(tmp_path / "trainer" / "mount"), str(tmp_path / "restorer" / "mount")
+    os.makedirs(os.path.dirname(writer)), os.makedirs(os.path.dirname(reader))
+    publish(driver, "ck-vol", writer, hub.token, {"server": hub.url, "share": f"{repo}@main/ck"}, RWX, "writeback")
+    with open(os.path.join(writer, "shard0.bin"), "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    copies = os.path.join(driver.state, "copies")
+    wait_for(lambda: [p for p in glob.glob(os.path.join(copies, "*", "files", "??", "*")) if os.path.getsize(p) == len(data)],
+             timeout=30, interval=0.1)
+    unpublish(driver, "ck-vol", writer)
+    plane = hub.plane()
+    plane.commit(repo, "main", "step 1")
+    plane.create_tag(repo, "ck1", "main")
+    publish(driver, "ck-restore", reader, hub.token, {"server": hub.url, "share": f"{repo}@ck1/ck"}, ROX, "cache-size=1G", "passthrough")
+    pub = Mounts(driver.state).get(reader)
+    monkeypatch.setenv("FABRIC_MOUNT_STATE", os.path.join(driver.state, "fuse"))
+    with open(os.path.join(reader, "shard0.bin"), "rb") as f:
+        assert f.read() == data
+    def kernel() -> dict:
+        with contextlib.suppress(OSError, ValueError):
+            return read_stats(pub.private)["kernel"] or {}
+        return {}
+
+    wait_for(lambda: kernel().get("passthrough_opens") == 1, timeout=10, interval=0.2)
+    assert kernel()["copies"]["made"] == 0 and kernel()["read_requests"] == 0  # the writer's copy, read by the kernel
+    unpublish(driver, "ck-restore", reader)
 
 
 def test_a_volume_served_by_the_nodes_spoke_reads_its_cache_files(hub, repo, tmp_path):

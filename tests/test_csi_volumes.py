@@ -68,6 +68,8 @@ def test_writeback_is_a_flag_for_writable_publishes():
     assert opts.writeback
     assert opts.mount_args("/c", "/w") == ["--durability", "local", "--writeback", "--write-dir", "/w"]
     assert opts.mount_args("/c") == ["--durability", "local"]  # (a read-only publish: no write directory)
+    assert opts.mount_args("/c", "/w", "/k") == ["--durability", "local", "--writeback", "--write-dir", "/w", "--seed-copies", "/k"]
+    assert opts.mount_args("/c", None, "/k") == ["--durability", "local"]
     with pytest.raises(VolumeError, match="fabric volumes take"):
         parse_mount_flags(["writeback=1"])
 
@@ -75,6 +77,8 @@ def test_writeback_is_a_flag_for_writable_publishes():
 def test_passthrough_is_a_flag_that_needs_a_cache_size():
     opts = parse_mount_flags(["ro,cache-size=50G", "passthrough"])
     assert opts.mount_args("/c") == ["--durability", "local", "--cache-dir", "/c", "--cache-size", "50G", "--passthrough"]
+    assert opts.mount_args("/c", None, "/k") == ["--durability", "local", "--cache-dir", "/c", "--cache-size", "50G", "--passthrough",
+                                                 "--copies-dir", "/k"]
     with pytest.raises(VolumeError, match="passthrough needs cache-size"):
         parse_mount_flags(["ro,passthrough"])
     with pytest.raises(VolumeError, match="fabric volumes take"):

@@ -85,6 +85,19 @@ def test_copies_stay_within_their_budget_least_recently_opened_first(tmp_path):
     again.close()
 
 
+def test_a_copies_directory_is_shared_a_start_removes_only_what_processes_gone_left(tmp_path):
+    partial = tmp_path / "files" / PARTIAL
+    partial.mkdir(parents=True)
+    live, gone, stray = partial / f"1-{'a' * 64}", partial / f"999999999-{'b' * 64}", partial / "torn"
+    for p in (live, gone, stray):
+        p.write_bytes(b"x")
+    copies = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
+    assert sorted(os.listdir(partial)) == [live.name]  # process 1's copy being filled stays
+    f = copies.filling(copy_key(MIB, [b"p" * 32]), MIB)
+    assert os.path.basename(f.path) == f"{os.getpid()}-{f.key}"
+    copies.close()
+
+
 def test_a_copy_whose_last_check_is_stale_is_checked_whole_at_its_first_open(tmp_path):
     copies = FileCopies(str(tmp_path), budget=64 * MIB, min_size=1)
     data = os.urandom(2 * MIB)
@@ -367,6 +380,7 @@ def test_passthrough_refuses_what_it_cannot_serve(tagged, tmp_path):
         (("--passthrough",), "v1", "needs --cache-dir"),
         (("--passthrough", "--cache-dir", str(tmp_path / "c"), "-o", "max_read=65536"), "v1", "takes no -o options"),
         (("--no-passthrough-check", "--cache-dir", str(tmp_path / "c")), "v1", "needs --passthrough"),
+        (("--copies-dir", str(tmp_path / "k"), "--cache-dir", str(tmp_path / "c")), "v1", "--copies-dir needs --passthrough"),
     ]
     for options, ref, message in cases:
         proc = fabric("mount", hub.url, f"{repo}@{ref}", str(mp), *options, token=hub.token, check=False)

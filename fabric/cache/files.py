@@ -9,8 +9,9 @@ passthrough from Python"). This cache keeps those plain copies.
 - **Layout**: ``files/XX/KEY-SUM`` where ``KEY`` (:func:`copy_key`) is the SHA-256 of the
   file's size and chunk ids, or of its chunk list's id (a version of a file, whatever its
   path), ``XX`` its first two digits, and ``SUM`` the xxh3-128 of the copy's bytes. Copies
-  being filled lie in ``files/partial/``, which start-up empties (with anything else there
-  not named so). ``files/incoming/`` is another process's (:mod:`fabric.cache.seeds`): copies
+  being filled lie in ``files/partial/PID-KEY``; start-up removes those of processes that are
+  gone (and anything there not named so), so several processes may share the directory (a
+  node's copies: ``fabric mount --copies-dir``). ``files/incoming/`` is another process's (:mod:`fabric.cache.seeds`): copies
   of files it wrote, placed under their names when complete; an :meth:`FileCopies.open` of a
   key this cache does not know looks for such a copy on disk.
 - **Filling**: the bytes a mount serves its readers are written to the copy too, at their
@@ -48,7 +49,6 @@ import bisect
 import hashlib
 import logging
 import os
-import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -154,8 +154,8 @@ class FileCopies:
         self._filling_bytes = 0  # the sizes of the copies being filled: reserved in the budget
         self._finisher = ThreadPoolExecutor(1, thread_name_prefix="fabric-copies")
         self.made = self.evicted = self.dropped = self.corruptions = self.scrubbed = 0
-        shutil.rmtree(self.partial, ignore_errors=True)
         os.makedirs(self.partial, mode=0o700, exist_ok=True)
+        remove_orphans(self.partial)
         self._load()
 
     def _load(self) -> None:
@@ -322,7 +322,7 @@ class FileCopies:
             f = self._filling.get(key)
             if f is not None or key in self._copies:
                 return f
-            path = os.path.join(self.partial, key)
+            path = os.path.join(self.partial, f"{os.getpid()}-{key}")
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
                 os.ftruncate(fd, size)
@@ -540,6 +540,15 @@ def checked_at(path: str, checksum: str) -> float | None:
         return float(when) if summed == checksum else None
     except (OSError, UnicodeDecodeError, ValueError):
         return None
+
+
+def remove_orphans(directory: str) -> None:
+    """Remove the entries of ``directory`` (named ``PID-...``) that processes gone left, and
+    this process's own (from a life before: a pid reused), and any not named so."""
+    for f in os.scandir(directory):
+        pid = f.name.partition("-")[0]
+        if not (pid.isdigit() and os.path.exists(f"/proc/{pid}")) or int(pid) == os.getpid():
+            unlink_quietly(f.path)
 
 
 def unlink_quietly(path: str) -> None:

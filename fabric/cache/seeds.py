@@ -31,7 +31,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from fabric.cache.files import FILES, INCOMING, MIN_SIZE, copy_files, copy_path, find_copy, place_copy, unlink_quietly
+from fabric.cache.files import FILES, INCOMING, MIN_SIZE, copy_files, copy_path, find_copy, place_copy, remove_orphans, unlink_quietly
 
 log = logging.getLogger("fabric.cache")
 
@@ -47,7 +47,7 @@ class CopySeeder:
         self.incoming = os.path.join(self.dir, INCOMING)
         self.budget, self.min_size = budget, min_size
         os.makedirs(self.incoming, mode=0o700, exist_ok=True)
-        self._remove_orphans()
+        remove_orphans(self.incoming)  # (what seeders that are gone left)
         self._placer = ThreadPoolExecutor(1, thread_name_prefix="fabric-seeds")
         self._lock = threading.Lock()
         self.seeded = self.linked = self.failed = self.evicted = 0
@@ -137,13 +137,6 @@ class CopySeeder:
         unlink_quietly(tmp)
         with self._lock:
             self.failed += 1
-
-    def _remove_orphans(self) -> None:
-        """Remove what seeders that are gone left in ``incoming/``."""
-        for f in os.scandir(self.incoming):
-            pid = f.name.partition("-")[0]
-            if not (pid.isdigit() and os.path.exists(f"/proc/{pid}")) or int(pid) == os.getpid():
-                unlink_quietly(f.path)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

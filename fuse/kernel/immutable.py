@@ -344,7 +344,8 @@ def serve(fs: FabricFS, mountpoint: str, source: str, *, allow_other: bool,
     """Mount ``fs`` (an immutable mount) at ``mountpoint`` and serve it until unmounted (blocks);
     SIGINT and SIGTERM unmount it. ``serving`` is told the mount once it is made."""
     cfg = fs.state.cfg
-    copies = FileCopies(cfg.cache_dir, cfg.copies_budget, check=cfg.check_copies) if cfg.cache_dir else None
+    copies_dir = cfg.copies_dir or cfg.cache_dir
+    copies = FileCopies(copies_dir, cfg.copies_budget, check=cfg.check_copies) if copies_dir else None
     try:
         session = Session(mountpoint, source, allow_other=allow_other, read_only=True)
     except BaseException:
