@@ -6,12 +6,14 @@ copies (fabric/client/copies.py, fabric/cache/files.py)."""
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import time
 
 import pytest
 
 from fabric.cache.files import CHECKED_XATTR, FILES, INCOMING
+from fabric.client.copies import seeder
 from fabric.fsspec.files import FabricReadFile
 from tests.hubserver import Hub, metric_value
 from tests.test_corruption import flip
@@ -87,3 +89,21 @@ def test_a_write_given_up_leaves_nothing_and_a_new_version_is_a_new_copy(hub: Hu
     assert fs.cat_file(f"{repo}/a.bin") == second
     with fs.open(f"{repo}/a.bin", "rb") as f:
         assert isinstance(f, io.BufferedReader) and f.read() == second
+
+
+def _write_in_a_forked_child(url: str, token: str, path: str, data: bytes, copies: str) -> None:
+    fs = new_fs(url, token, copies=copies, commit="save")
+    fs.pipe_file(path, data)
+    seeder(copies, 0).close()  # (a DataLoader worker ends with os._exit: wait for the placing here)
+
+
+def test_a_forked_process_places_its_own_copies(hub: Hub, tmp_path) -> None:
+    repo, copies = new_repo(hub, "copies3"), str(tmp_path / "copies")
+    new_fs(hub.url, hub.token, copies=copies, commit="save").pipe_file(f"{repo}/parent.bin", os.urandom(2 * MIB))
+    assert len(_until_copies(copies, 1)) == 1  # (the parent's seeder, and its thread, exist before the fork)
+    child = multiprocessing.get_context("fork").Process(
+        target=_write_in_a_forked_child, args=(hub.url, hub.token, f"{repo}/child.bin", os.urandom(3 * MIB), copies))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert sorted(os.path.getsize(p) for p in _copies(copies)) == [2 * MIB, 3 * MIB]

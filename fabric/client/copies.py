@@ -35,16 +35,17 @@ def open_copy(root: str, entry: Entry) -> int | None:
     return files.open_copy(os.path.join(root, files.FILES), copy_key(entry), entry.size)
 
 
-_seeders: dict[str, CopySeeder] = {}
+_seeders: dict[tuple[int, str], CopySeeder] = {}
 _seeders_lock = threading.Lock()
 
 
 def seeder(root: str, budget: int) -> CopySeeder:
-    """This process's seeder of the copies under ``root`` (one per directory: a seeder's start
-    removes what its process left in ``incoming/``); ``budget`` is the first caller's."""
-    root = os.path.realpath(root)
+    """This process's seeder of the copies under ``root`` (one per directory and process: a
+    seeder's start removes what its process left in ``incoming/``, and its thread does not
+    survive a fork); ``budget`` is the first caller's."""
+    key = (os.getpid(), os.path.realpath(root))
     with _seeders_lock:
-        found = _seeders.get(root)
+        found = _seeders.get(key)
         if found is None:
-            found = _seeders[root] = CopySeeder(root, budget)
+            found = _seeders[key] = CopySeeder(key[1], budget)
         return found

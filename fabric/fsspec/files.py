@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,8 +36,19 @@ CHUNK_CACHE_BYTES = 8 * 1024 * 1024
 #: chunks after the range asked for (kept with the file's decoded chunks): fewer requests.
 MAX_READ_AHEAD = 16 * 1024 * 1024
 #: Where the blocks of files being written are chunked, hashed, compressed and sent (each
-#: file feeds one block at a time, in order, while the application fills the next).
-_CHUNKERS = ThreadPoolExecutor(4, thread_name_prefix="fabric-fsspec-write")
+#: file feeds one block at a time, in order, while the application fills the next): this
+#: process's pool (a forked child, a DataLoader worker, starts its own: threads do not
+#: survive a fork, and a pool whose thread is gone would never run what it is given).
+_chunkers: tuple[int, ThreadPoolExecutor] | None = None
+_chunkers_lock = threading.Lock()
+
+
+def _chunker_pool() -> ThreadPoolExecutor:
+    global _chunkers
+    with _chunkers_lock:
+        if _chunkers is None or _chunkers[0] != os.getpid():
+            _chunkers = (os.getpid(), ThreadPoolExecutor(4, thread_name_prefix="fabric-fsspec-write"))
+        return _chunkers[1]
 
 
 class FabricReadFile(AbstractBufferedFile):
@@ -112,7 +124,7 @@ class FabricWriteFile(AbstractBufferedFile):
         if self._seeds is not None and self.offset == 0 and (not final or len(block) >= MIN_SIZE):
             self._local = LocalCopy(self._seeds)  # (a file large enough to be copied)
         if block:
-            self._feeding = _CHUNKERS.submit(self._feed, block)
+            self._feeding = _chunker_pool().submit(self._feed, block)
         if final and self.autocommit:
             self.commit()
         return True
