@@ -116,19 +116,20 @@ def resume(state_dir: str) -> None:
             forget(state_dir, write_dir)
 
 
-def stop_if_flushing(pid: int | None, write_dir: str) -> None:
+def stop_if_flushing(pid: int | None, write_dir: str) -> bool:
     """If process ``pid`` is a flush of ``write_dir`` that :func:`start` began, stop its whole
-    process group and wait until it has let go of the directory."""
+    process group and wait until it has let go of the directory; whether it was one."""
     if not pid:
-        return
+        return False
     try:
         group = os.getpgid(pid)
     except ProcessLookupError:
-        return
+        return False
     if not _is_flush_of(group, write_dir):
-        return
+        return False
     end_process(pid, lambda sig: os.killpg(group, sig), STOP_WAIT, STOP_WAIT)
     log.info("stopped the flush of %s (pid %d): a new mount takes over what it had not staged", write_dir, group)
+    return True
 
 
 def _is_flush_of(pid: int, write_dir: str) -> bool:

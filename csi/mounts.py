@@ -23,6 +23,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 
 from csi import flush
@@ -38,6 +39,8 @@ MOUNT_TIMEOUT = 150.0  # `fabric mount` waits up to 120 s for the mount to be re
 UNMOUNT_TIMEOUT = 60.0
 #: Write-back directories per volume and node (one per live writeback mount of it).
 WRITE_DIRS = 64
+#: Seconds a publish waits for a write directory's holder that is not a live mount to let go.
+TAKE_WAIT = 2.0
 
 
 class MountFailed(Exception):
@@ -194,17 +197,8 @@ class Mounts:
         base = hashlib.sha256(f"{vol.server}|{vol.share}".encode()).hexdigest()[:20]
         for i in range(WRITE_DIRS):
             candidate = os.path.join(self.state_dir, "writes", f"{base}-{i}")
-            try:
-                DirLock(candidate, "write-back directory").release()
-            except DirectoryInUse as exc:
-                # A flush is stopped; a holder that has just let go (a flush that ended) is
-                # gone by the second try; a live mount still holds it.
-                flush.stop_if_flushing(exc.details.get("pid"), candidate)
-                try:
-                    DirLock(candidate, "write-back directory").release()
-                except DirectoryInUse:
-                    continue
-            return candidate
+            if _no_mount_holds(candidate):
+                return candidate
         raise MountFailed(f"{WRITE_DIRS} writeback mounts of {vol.share} already run on this node")
 
     def _start_mount(self, req: PublishRequest, private: str, token: str | None, key: str, write_dir: str | None) -> int:
@@ -255,6 +249,25 @@ class Mounts:
                 os.rmdir(target)  # the spec: the plugin removes the target path it created
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._record_path(target))
+
+
+def _no_mount_holds(write_dir: str) -> bool:
+    """Whether ``write_dir`` is free for a new mount: a flush of it is stopped, and a holder that
+    is letting go is waited for, up to :data:`TAKE_WAIT` seconds (a flush that ends hands the
+    directory from its ``fabric mount-flush`` to its own last look at it, one process after the
+    other); False where a live mount holds it."""
+    deadline = time.monotonic() + TAKE_WAIT
+    while True:
+        try:
+            DirLock(write_dir, "write-back directory").release()
+            return True
+        except DirectoryInUse as exc:
+            holder = exc.details.get("pid")
+            if not flush.stop_if_flushing(holder, write_dir) and holder and process_alive(holder):
+                return False  # (a live mount)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def _spoke_cache_args(req: PublishRequest) -> list[str]:

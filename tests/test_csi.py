@@ -21,12 +21,12 @@ import grpc
 import pytest
 
 from csi import flush
-from csi.mounts import Mounts, PublishRequest, is_mounted
+from csi.mounts import TAKE_WAIT, Mounts, PublishRequest, is_mounted
 from csi.proto import pb
 from csi.volumes import Volume, parse_mount_flags
 from fabric.errors import NotFound
 from fabric.format.model import SYMLINK, Entry
-from fabric.util.dirlock import lock_holder
+from fabric.util.dirlock import DirectoryInUse, DirLock, lock_holder
 from fabric.util.processes import process_alive
 from fuse.journal import Journal, Record
 from fuse.kernel.protocol import kernel_has_passthrough
@@ -550,6 +550,35 @@ def test_on_delete_of_a_claims_directory(hub, repo, driver, policy):
     assert not [t for t in plane.list_tags(repo) if t["name"].startswith("archive-")]
     # The name is free again: a new claim of that name is a new volume.
     assert driver.controller.CreateVolume(create, timeout=60).volume.volume_id == volume.volume_id
+
+
+_HOLD_AFTER_THE_LOCKER_EXITS = r"""
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+if os.fork() == 0:  # the lock goes on in the child, whose parent, the locker /proc/locks names, is gone
+    os.write(1, b"locked\n")
+    time.sleep(float(sys.argv[2]))
+    os._exit(0)
+os._exit(0)
+"""
+
+
+def test_a_publish_waits_for_a_write_dir_holder_that_is_letting_go(hub, repo, tmp_path):
+    """A write directory held for a moment by a process that is no mount (as a flush hands it
+    from its ``fabric mount-flush`` to its own last look) is waited for, not passed over: the new
+    mount gets the directory, and what its dead mount parked."""
+    mounts = Mounts(str(tmp_path / "state"))
+    req = PublishRequest("v", Volume(hub.url, repo, "main"), "/t", True, parse_mount_flags(["writeback"]))
+    write_dir = mounts._write_dir(req)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_AFTER_THE_LOCKER_EXITS, write_dir, "0.5"], stdout=subprocess.PIPE)
+    assert holder.stdout.readline() == b"locked\n"
+    assert holder.wait(10) == 0  # (the locker is gone; its child holds the lock half a second more)
+    with pytest.raises(DirectoryInUse):
+        DirLock(write_dir, "write-back directory")
+    t0 = time.monotonic()
+    assert mounts._write_dir(req) == write_dir
+    assert time.monotonic() - t0 < 2 * TAKE_WAIT
 
 
 def test_a_publish_stops_the_flush_of_the_write_dir_it_takes_over(hub, repo, tmp_path):
