@@ -119,7 +119,7 @@ class Mounts:
     # -- records ---------------------------------------------------------------
 
     def _key(self, target: str) -> str:
-        return hashlib.sha256(os.path.normpath(target).encode()).hexdigest()[:20]
+        return _digest(os.path.normpath(target))
 
     def _record_path(self, target: str) -> str:
         return os.path.join(self.state_dir, "publications", self._key(target) + ".json")
@@ -194,7 +194,7 @@ class Mounts:
         if not (req.options.writeback and req.writable):
             return None
         vol = req.volume
-        base = hashlib.sha256(f"{vol.server}|{vol.share}".encode()).hexdigest()[:20]
+        base = _digest(vol.server, vol.share)
         for i in range(WRITE_DIRS):
             candidate = os.path.join(self.state_dir, "writes", f"{base}-{i}")
             if _no_mount_holds(candidate):
@@ -204,8 +204,8 @@ class Mounts:
     def _start_mount(self, req: PublishRequest, private: str, token: str | None, key: str, write_dir: str | None) -> int:
         vol = req.volume
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", vol.server, f"{vol.repo}@{vol.ref}", private, "--allow-other"]
-        copies = hashlib.sha256(f"{vol.server}|{vol.repo}".encode()).hexdigest()[:20]  # (a repository's own: no other learns of it)
-        argv += req.options.mount_args(os.path.join(self.state_dir, "cache", key), write_dir, os.path.join(self.state_dir, "copies", copies))
+        copies = os.path.join(self.state_dir, "copies", _digest(vol.server, vol.repo))  # (a repository's own: no other learns of it)
+        argv += req.options.mount_args(os.path.join(self.state_dir, "cache", key), write_dir, copies)
         argv += _spoke_cache_args(req)
         argv += ["--log-file", os.path.join(self.state_dir, "logs", key + ".log")]
         if req.writable:
@@ -249,6 +249,11 @@ class Mounts:
                 os.rmdir(target)  # the spec: the plugin removes the target path it created
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._record_path(target))
+
+
+def _digest(*parts: str) -> str:
+    """A short name for a node directory of ``parts`` (server, share or repository)."""
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
 def _no_mount_holds(write_dir: str) -> bool:

@@ -17,7 +17,7 @@ from fabric.client.copies import seeder
 from fabric.fsspec.files import FabricReadFile
 from tests.hubserver import Hub, metric_value
 from tests.test_corruption import flip
-from tests.test_fsspec import new_fs, new_repo
+from tests.test_fsspec import new_fs
 
 MIB = 1024 * 1024
 
@@ -38,7 +38,7 @@ def _until_copies(root: str, count: int) -> list[str]:
 
 
 def test_a_file_written_leaves_a_copy_that_reads_of_its_version_take(hub: Hub, tmp_path) -> None:
-    repo, copies = new_repo(hub, "copies"), str(tmp_path / "copies")
+    repo, copies = hub.new_repo("copies"), str(tmp_path / "copies")
     big, small = os.urandom(9 * MIB + 5), os.urandom(300_000)
     writer = new_fs(hub.url, hub.token, copies=copies, commit="save")
     with writer.open(f"{repo}/ckpt/shard.bin", "wb") as f:
@@ -75,7 +75,7 @@ def test_a_file_written_leaves_a_copy_that_reads_of_its_version_take(hub: Hub, t
 
 
 def test_a_write_given_up_leaves_nothing_and_a_new_version_is_a_new_copy(hub: Hub, tmp_path) -> None:
-    repo, copies = new_repo(hub, "copies2"), str(tmp_path / "copies")
+    repo, copies = hub.new_repo("copies2"), str(tmp_path / "copies")
     fs = new_fs(hub.url, hub.token, copies=copies, commit="save")
     with pytest.raises(RuntimeError), fs.open(f"{repo}/a.bin", "wb") as f:
         f.write(os.urandom(6 * MIB))
@@ -98,7 +98,7 @@ def _write_in_a_forked_child(url: str, token: str, path: str, data: bytes, copie
 
 
 def test_a_forked_process_places_its_own_copies(hub: Hub, tmp_path) -> None:
-    repo, copies = new_repo(hub, "copies3"), str(tmp_path / "copies")
+    repo, copies = hub.new_repo("copies3"), str(tmp_path / "copies")
     new_fs(hub.url, hub.token, copies=copies, commit="save").pipe_file(f"{repo}/parent.bin", os.urandom(2 * MIB))
     assert len(_until_copies(copies, 1)) == 1  # (the parent's seeder, and its thread, exist before the fork)
     child = multiprocessing.get_context("fork").Process(

@@ -21,6 +21,7 @@ from fabric.format.model import INLINE_CHUNKS, Entry, chunk_list_object
 from fabric.store import open_store
 from fuse import copies
 from tests.fuse_helpers import _state, fabric, mount_stats, mounted, needs_fuse
+from tests.test_corruption import flip
 from tests.test_fuse_passthrough import kernel_stats, needs_passthrough
 
 MIB = 1024 * 1024
@@ -80,11 +81,7 @@ def test_a_seed_across_file_systems_is_a_copy_and_a_damaged_one_is_never_served(
     _settle(seeder)
     assert seeder.snapshot()["seeded"] == 1 and seeder.snapshot()["linked"] == 0
     (placed,) = [os.path.join(d, n) for d, _, names in os.walk(os.path.join(root, "files")) for n in names]
-    with open(placed, "r+b") as f:  # a bit flipped at rest
-        f.seek(MIB)
-        byte = f.read(1)
-        f.seek(MIB)
-        f.write(bytes([byte[0] ^ 1]))
+    flip(placed, MIB)  # a bit flipped at rest
     assert checked_at(placed, os.path.basename(placed).partition("-")[2]) is not None  # summed as it was placed
     cache = FileCopies(root, budget=64 * MIB, min_size=1, recheck_after=0)  # (no earlier check counts)
     assert cache.open(key, len(data)) is None and cache.snapshot()["corruptions"] == 1

@@ -260,12 +260,11 @@ class FileCopies:
                     break  # (read it too: its pages the scrub has read already come from memory)
             running[0].wait()
         try:
-            intact = os.fstat(fd).st_size == held[0] and file_checksum(fd) == held[1]
-            if intact:
-                now = mark_checked(fd, held[1])
+            when = check_whole(fd, *held)
+            if when is not None:
                 with self.lock:
-                    self._checked[key] = now
-            return intact
+                    self._checked[key] = when
+            return when is not None
         finally:
             if done is not None:
                 with self.lock:
@@ -506,18 +505,24 @@ def open_copy(files_dir: str, key: str, size: int, recheck_after: float = RECHEC
         return None  # (evicted meanwhile)
     try:
         stale = not fresh(checked_at(path, named[2]), time.time(), recheck_after)
-        if os.fstat(fd).st_size != size or (stale and file_checksum(fd) != named[2]):
+        if os.fstat(fd).st_size != size or (stale and check_whole(fd, size, named[2]) is None):
             log.warning("copy %s is damaged (not its file's size or checksum): removed", key)
             unlink_quietly(path)
             os.close(fd)
             return None
-        if stale:
-            mark_checked(fd, named[2])
         os.utime(fd)
     except OSError:
         os.close(fd)
         return None
     return fd
+
+
+def check_whole(fd: int, size: int, checksum: str) -> float | None:
+    """Read the copy open as ``fd`` whole: where it is ``size`` bytes summing to ``checksum``,
+    record the check (:func:`mark_checked`) and return its time; None where it is damaged."""
+    if os.fstat(fd).st_size != size or file_checksum(fd) != checksum:
+        return None
+    return mark_checked(fd, checksum)
 
 
 def mark_checked(fd: int, checksum: str) -> float:

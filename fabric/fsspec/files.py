@@ -7,7 +7,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -165,14 +164,14 @@ class FabricWriteFile(AbstractBufferedFile):
 
 
 class LocalCopy:
-    """The local file a :class:`FabricWriteFile` leaves as its version's copy. Failures (a
-    full disk) only lose the copy: the file is staged all the same."""
+    """The local file a :class:`FabricWriteFile` leaves as its version's copy: one without a
+    name (``O_TMPFILE``) in the seeder's directory, which its seed names (a crash leaves
+    nothing behind). Failures (a full disk) only lose the copy: the file is staged all the same."""
 
     def __init__(self, seeds: CopySeeder) -> None:
         self.seeds = seeds
-        self.path = os.path.join(seeds.incoming, f"{os.getpid()}-w{uuid.uuid4().hex}")
         try:
-            self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            self.fd: int | None = os.open(seeds.incoming, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             log.info("no local copy of a file written: %s", exc)
             self.fd = None
@@ -197,11 +196,6 @@ class LocalCopy:
         self.drop()
 
     def drop(self) -> None:
-        if self.fd is None:
-            return
-        os.close(self.fd)
-        self.fd = None
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

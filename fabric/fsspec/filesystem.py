@@ -72,7 +72,7 @@ class FabricFileSystem(AbstractFileSystem):
     leaves one there (a checkpoint restored on the machine that saved it), within
     ``copies_size`` (least recently opened first). Only a directory no one else can write to:
     what is in it is what is read. It is shared with ``fabric mount --seed-copies DIR`` and ``--passthrough
-    --cache-dir DIR``.
+    --copies-dir DIR``.
 
     Creating one has the process keep the buffers it frees for reuse
     (:func:`fabric.util.heap.reuse_freed_buffers`: reads of large files take a third less

@@ -12,8 +12,8 @@ one they read. Where every thread is answering and one of those answers has take
 thread is started to read the next request, up to ``threads``; such a thread ends once
 enough others wait again. So many quick requests (a second read of many small files: an
 open and a release each) are answered by two threads, which pass the GIL between them
-alone (about 1.7x the rate of eight threads, bench/RESULTS.md), and a slow request never
-holds up the others.
+alone (1.34x the rate of eight fixed threads in the median, bench/RESULTS.md), and a slow
+request holds up no other while fewer than ``threads`` are slow.
 """
 
 from __future__ import annotations
