@@ -34,6 +34,9 @@ Systems (order rotating round by round):
 - ``fabric-writeback``: ``--durability local --writeback`` (fsync returns once
   the file is in the mount's ``--write-dir`` on this machine's disk, journaled;
   the mount chunks and stages it on the spoke in the background after its close)
+- ``fabric-writeback-replicated``: ``--durability replicated --writeback`` (fsync
+  returns once the file is journaled on this machine's disk and the peer spoke
+  keeps a copy of it on its disk: fuse/mirror.py; staged at ``replicated`` after)
 - ``fabric-local-whole``: the same with ``--no-stream-writes`` (each file
   chunked at its fsync: the behaviour before streaming, for an A/B in one run)
 - ``fabric-replicated``: ``--durability replicated`` (fsync returns once the
@@ -116,7 +119,8 @@ MiB = 1024 * 1024
 WRITE_SIZE = 4 * MiB
 POLL_S = 0.1
 META_TMP, META = ".metadata.tmp", ".metadata"
-SYSTEMS = ("fabric-local", "fabric-writeback", "fabric-local-whole", "fabric-replicated", "fabric-hub", "rclone", "local-disk")
+SYSTEMS = ("fabric-local", "fabric-writeback", "fabric-writeback-replicated", "fabric-local-whole", "fabric-replicated", "fabric-hub",
+           "rclone", "local-disk")
 #: Tensors per shard in the dedup rounds; a frozen-backbone step changes ``--changed`` of them.
 TENSORS = 16
 
@@ -341,7 +345,10 @@ class FabricMount(System):
         """``stream=False``: ``--no-stream-writes`` (each file chunked at fsync, as before streaming);
         ``writeback``: ``--writeback`` (fsync returns once the file is on the mount's disk)."""
         self.env, self.durability, self.stream, self.writeback = env, durability, stream, writeback
-        self.name = "fabric-writeback" if writeback else f"fabric-{durability}" + ("" if stream else "-whole")
+        if writeback:
+            self.name = "fabric-writeback" + ("-replicated" if durability == "replicated" else "")
+        else:
+            self.name = f"fabric-{durability}" + ("" if stream else "-whole")
         self.repo = f"ckpt-{self.name}"
         base = os.path.join(env.work, self.name)
         self.root, self.log, self.write_dir = f"{base}-mnt", f"{base}.log", f"{base}-writes"
@@ -636,6 +643,7 @@ def make_systems(env: Env, only: list[str] | None) -> list[System]:
     factories: dict[str, Callable[[], System]] = {
         "fabric-local": lambda: FabricMount(env, "local"),
         "fabric-writeback": lambda: FabricMount(env, "local", writeback=True),
+        "fabric-writeback-replicated": lambda: FabricMount(env, "replicated", writeback=True),
         "fabric-local-whole": lambda: FabricMount(env, "local", stream=False),
         "fabric-replicated": lambda: FabricMount(env, "replicated"),
         "fabric-hub": lambda: FabricMount(env, "hub"),

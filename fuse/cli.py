@@ -80,7 +80,10 @@ is chunked and sent while it is written, so its fsync waits only for the
 last few MiB and the durability round trip. With --writeback, fsync and
 close return once the file is on this machine's disk (--write-dir) and the
 mount stages it in the background: a checkpoint then stalls training about
-twice as long as a local write and fsync would, not ten times.
+twice as long as a local write and fsync would, not ten times. With
+--writeback and --durability replicated (mounting a spoke in a group),
+fsync also returns only once a peer spoke of the group keeps the file on
+its disk; that peer stages it if this machine is lost.
 
 --seed-copies DIR also keeps each file staged as a plain copy in DIR, so
 that a --passthrough mount of the commit with --cache-dir DIR restores it
@@ -128,7 +131,7 @@ statistics, is at --log-file.
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process until unmounted (logs to stderr unless --log-file).")
 @click.option("--allow-other", is_flag=True, help="Let other users use the mount (permission bits still apply; non-root users need user_allow_other in /etc/fuse.conf).")
 @click.option("--durability", type=click.Choice(["local", "replicated", "hub"]), default="local", show_default=True, help="When fsync and close return: local = stored on the server mounted (the spoke's disk); replicated = on the spoke's disk and on one other spoke's of its group (losing one spoke machine loses nothing); hub = stored at the hub.")
-@click.option("--writeback", is_flag=True, help="With --rw: fsync and close return once the file is on this machine's disk (--write-dir, required), and the mount chunks and stages it on the branch in the background after its close, or once a file kept open has not been written for 5 s (at --durability). A mount killed before that takes it over when started again with the same --write-dir (it serves at once and stages it in the background), or `fabric mount-flush SERVER_URL WRITE_DIR` stages it without mounting; losing that disk loses it.")
+@click.option("--writeback", is_flag=True, help="With --rw: fsync and close return once the file is on this machine's disk (--write-dir, required), and the mount chunks and stages it on the branch in the background after its close, or once a file kept open has not been written for 5 s (at --durability). A mount killed before that takes it over when started again with the same --write-dir (it serves at once and stages it in the background), or `fabric mount-flush SERVER_URL WRITE_DIR` stages it without mounting; losing that disk loses it, except at --durability replicated: fsync then also waits for a peer spoke of the mounted spoke's group to keep the file, and that peer stages it once this mount has been silent for its --replica-takeover.")
 @click.option("--writeback-backlog", type=Size(), default="4G", show_default=True, help="With --writeback: at most this many bytes wait for staging; a fsync or close beyond it stages its file before returning (back-pressure).")
 @click.option("--no-stream-writes", is_flag=True, help="Chunk and send a file only when it is fsynced or closed (default: a file written in order from empty is chunked and sent while it is written, so fsync costs only its tail).")
 @click.option("--commit-interval", type=float, default=0, metavar="SECONDS", show_default=True, help="With --rw, commit staged changes every SECONDS (0: never; use `fabric commit`).")

@@ -23,6 +23,7 @@ from fuse import copies, linkgroups
 from fuse.errors import err
 from fuse.handles import RHandle, WHandle, content_sig
 from fuse.libfuse import invalidate_path
+from fuse.mirror import REPLICATED, JournalMirror
 from fuse.namespace import split
 from fuse.read_path import ReadPath
 from fuse.state import MountState
@@ -48,8 +49,11 @@ class WritePath:
         #: Copies of the files staged, left for --passthrough mounts (``--seed-copies``).
         self.seeds = copies.seeder(cfg)
         #: fsync and close park files for background staging (``--writeback``; needs ``--write-dir``).
-        self.writeback = (WriteBack(self, cfg.write_dir, cfg.writeback_backlog, keep_names=self.seeds is not None)
-                          if state.writable and cfg.writeback and cfg.write_dir else None)
+        self.writeback: WriteBack | None = None
+        if state.writable and cfg.writeback and cfg.write_dir:
+            # At replicated durability a peer spoke keeps each parked file too (fuse/mirror.py).
+            mirror = JournalMirror.open(state.plane.inner.http, cfg.write_dir) if cfg.durability == REPLICATED else None
+            self.writeback = WriteBack(self, cfg.write_dir, cfg.writeback_backlog, keep_names=self.seeds is not None, mirror=mirror)
 
     # -- local state -------------------------------------------------------------------
     def wfile(self, p: str) -> WFile:

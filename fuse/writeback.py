@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 
 from fabric.format.model import FILE
 from fuse.journal import Journal, Record
+from fuse.mirror import JournalMirror, MirrorFailed
 from fuse.writer import WFile
 
 if TYPE_CHECKING:
@@ -72,13 +73,16 @@ OPEN_IDLE_SECONDS = 5.0
 class WriteBack:
     """The parked files of one mount and the workers that stage them."""
 
-    def __init__(self, writes: WritePath, write_dir: str, backlog: int, keep_names: bool = False) -> None:
+    def __init__(self, writes: WritePath, write_dir: str, backlog: int, keep_names: bool = False, mirror: JournalMirror | None = None) -> None:
         """``keep_names``: a staged file's data keeps its name in the journal until its local
-        state is dropped (``--seed-copies`` then links it instead of copying it)."""
+        state is dropped (``--seed-copies`` then links it instead of copying it). ``mirror``:
+        a peer spoke keeps a copy of each file parked by a fsync before the fsync returns
+        (``--durability replicated``, :mod:`fuse.mirror`)."""
         self.writes = writes
         self.state = writes.state
         self.backlog = backlog
         self.keep_names = keep_names
+        self.mirror = mirror
         self.journal = Journal(write_dir)
         self._mu = threading.Lock()
         self._parked: dict[int, WFile] = {}  # id(wf) -> file, while its record exists
@@ -102,12 +106,12 @@ class WriteBack:
             inline = wf.fd is None or self._parked_bytes(wf) + wf.size > self.backlog
             if not inline:
                 try:
-                    if durable:
-                        os.fdatasync(wf.fd)
-                    if wf.journal_id is None or wf.journaled_generation != wf.generation:
-                        self._record(wf, durable)
+                    self._record_and_copy(wf, durable)
                 except OSError as exc:  # (the write-dir's disk full or failing): stage it now instead
                     log.warning("cannot park %s in the write-back journal (%s); staging it before fsync or close returns", wf.path, exc)
+                    inline = True
+                except MirrorFailed as exc:  # staged at replicated durability by the spoke instead
+                    log.warning("%s; staging %s before fsync returns", exc, wf.path)
                     inline = True
             closed = wf.opens == 0
         if inline:
@@ -136,6 +140,7 @@ class WriteBack:
                         wf.journaled_generation = wf.generation
                 except OSError as exc:  # still staged; only a kill before that loses the change
                     log.warning("cannot rewrite the write-back record of %s: %s", wf.path, exc)
+            self._mirror_record(wf)
             closed = wf.opens == 0
         finally:
             if held:
@@ -144,12 +149,33 @@ class WriteBack:
             self._queue(wf)  # (else the worker staging it queues it again: :meth:`_stage`)
         return True
 
-    def _record(self, wf: WFile, durable: bool) -> None:
-        """Write ``wf``'s record (``wf.lock`` held)."""
+    def _record_and_copy(self, wf: WFile, durable: bool) -> None:
+        """Park ``wf`` (``wf.lock`` held): its data on disk if ``durable``, its record written
+        if this version has none; and with a mirror, for a fsync, the peer's copy, sent while
+        the local disk syncs. OSError or MirrorFailed: not parked as asked."""
         assert wf.fd is not None
-        rid = wf.journal_id
-        if rid is None:
-            rid = self.journal.new_id()
+        rid = wf.journal_id or self.journal.new_id()
+        generation = wf.generation
+        copy = None
+        if durable and self.mirror is not None and wf.mirrored_generation != generation:
+            copy = self.mirror.start_keep(rid, self._record_of(wf, rid).to_json(), wf.fd, wf.size)
+        try:
+            if durable:
+                os.fdatasync(wf.fd)
+            if wf.journal_id is None or wf.journaled_generation != generation:
+                self._record(wf, durable, rid)
+        except OSError:
+            if copy is not None and copy.exception() is None:
+                self.mirror.drop(rid)  # (staged inline instead: the peer's copy would only be staged twice)
+            raise
+        if copy is not None:
+            copy.result()  # MirrorFailed
+            wf.mirrored_generation = generation
+
+    def _record(self, wf: WFile, durable: bool, rid: str) -> None:
+        """Write ``wf``'s record, ``rid`` (``wf.lock`` held)."""
+        assert wf.fd is not None
+        if wf.journal_id is None:
             self.journal.link(rid, wf.fd)
         self.journal.write(self._record_of(wf, rid), durable)
         wf.journaled_generation = wf.generation
@@ -157,6 +183,12 @@ class WriteBack:
             wf.journal_id = rid
             self._parked[id(wf)] = wf
         self._drop_replaced(wf)
+
+    def _mirror_record(self, wf: WFile) -> None:
+        """Tell the peer ``wf``'s record changed (renamed, attributes), if it keeps a copy."""
+        rid = wf.journal_id
+        if self.mirror is not None and rid is not None and wf.mirrored_generation and wf.path is not None:
+            self.mirror.rename(rid, self._record_of(wf, rid).to_json())
 
     def _record_of(self, wf: WFile, rid: str) -> Record:
         assert wf.path is not None and self.state.branch is not None
@@ -177,6 +209,8 @@ class WriteBack:
             replaced, wf.replaced_records = wf.replaced_records, []
         for rid in replaced:
             self.journal.drop(rid)
+            if self.mirror is not None:
+                self.mirror.drop(rid)
 
     def moved(self, wf: WFile) -> None:
         """``wf`` was renamed (its names held by the caller: no staging of it stages
@@ -184,6 +218,7 @@ class WriteBack:
         with self._mu:
             written = self._rewrite_record(wf)
         if written:
+            self._mirror_record(wf)
             self._drop_replaced(wf)  # (the records of a file it replaced: :meth:`supersede`)
 
     def _rewrite_record(self, wf: WFile) -> bool:
@@ -250,6 +285,7 @@ class WriteBack:
         ``keep_name`` (staged) its data keeps its name, else that name goes too."""
         with self._mu:  # (not wf.lock: a staging in progress holds that while it waits for the server)
             rid, wf.journal_id = wf.journal_id, None
+            mirrored, wf.mirrored_generation = wf.mirrored_generation, 0
             self._parked.pop(id(wf), None)
             old_name = wf.kept_name
             if not keep_name:
@@ -261,6 +297,8 @@ class WriteBack:
                 self.journal.retire(rid)
             else:
                 self.journal.drop(rid)
+            if self.mirror is not None and mirrored:
+                self.mirror.drop(rid)
         if old_name is not None and old_name != wf.kept_name:
             with contextlib.suppress(OSError):
                 os.unlink(old_name)
@@ -295,10 +333,15 @@ class WriteBack:
     def snapshot(self) -> dict[str, int]:
         with self._mu:
             return {"parked": len(self._parked), "parked_bytes": sum(f.size for f in self._parked.values()),
-                    "staged": self.staged, "inline": self.inline}
+                    "staged": self.staged, "inline": self.inline,
+                    **({"mirror": self.mirror.snapshot()} if self.mirror is not None else {})}
 
     def shutdown(self) -> None:
         """Let the queued stagings run out, then release the journal."""
         self._stopped.set()
         self._executor.shutdown(wait=True)
+        if self.mirror is not None:
+            with self._mu:
+                nothing_parked = not self._parked
+            self.mirror.close(nothing_parked)
         self.journal.close()

@@ -155,6 +155,8 @@ class WFile:
         #: the generation that record describes.
         self.journal_id: str | None = None
         self.journaled_generation = 0
+        #: The generation a peer spoke keeps a copy of (``--durability replicated``, fuse/mirror.py; 0: none).
+        self.mirrored_generation = 0
         #: Records of earlier versions of its path, superseded while they were staged (see
         #: :meth:`WriteBack.supersede`): dropped once this version's own record is written.
         self.replaced_records: list[str] = []
@@ -178,7 +180,7 @@ class WFile:
         if on_branch is not None:  # its content is a change over the branch's (a new file's is already)
             wf.generation = wf.content_generation = 2
         wf.journal_id = record.id
-        wf.journaled_generation = wf.generation
+        wf.journaled_generation = wf.mirrored_generation = wf.generation  # (a copy of it may be at a peer)
         return wf
 
     # -- state -------------------------------------------------------------------

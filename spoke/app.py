@@ -12,6 +12,7 @@ from fabric.plane.dataplane import DataPlane
 from .auth import SpokeAuth
 from .jobs import JobMetrics
 from .local_reads_api import local_reads_router
+from .mirror_api import mirror_router
 from .plane import SpokePlane
 from .replica_api import replica_router
 from .writeback_api import writeback_router
@@ -44,5 +45,6 @@ def create_app(plane: SpokePlane, auth: SpokeAuth | None, served: DataPlane | No
     )
     app.include_router(writeback_router(plane.writeback, authenticate))
     app.include_router(replica_router(plane, authenticate))
+    app.include_router(mirror_router(plane.mirrors, plane.replication, authenticate))
     app.include_router(local_reads_router(plane.read_locally, authenticate))
     return app

@@ -126,13 +126,24 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
     "for at most SECONDS, then fails with 'insufficient storage' (507; ENOSPC in a mount). 0: fail at once (fail-fast).",
 )
 @click.option(
+    "--mirror-capacity",
+    default="8GiB",
+    show_default=True,
+    metavar="SIZE",
+    help="The most bytes this spoke keeps at once of the files that `fabric mount --writeback --durability replicated` "
+    "mounts of its group's other spokes park here (in the cache directory, beside the cache's budget); beyond it, "
+    "such a mount's fsync stages its file inline instead.",
+)
+@click.option(
     "--replica-takeover",
     type=click.FloatRange(1, 86400),
     default=30.0,
     show_default=True,
     metavar="SECONDS",
     help="This spoke keeps copies of other members' writes made with replicated durability until they reach the hub. "
-    "When the member a copy came from has not answered for SECONDS, this spoke pushes its writes to the hub itself.",
+    "When the member a copy came from has not answered for SECONDS, this spoke pushes its writes to the hub itself. "
+    "The same holds for the files a `fabric mount --writeback --durability replicated` on another machine keeps here: "
+    "once it has not renewed its lease for SECONDS, they are queued here for the hub.",
 )
 @handle_errors
 def spoke(
@@ -155,6 +166,7 @@ def spoke(
     peer_timeout: float,
     full_wait: float,
     replica_takeover: float,
+    mirror_capacity: str,
     no_auth: bool,
     tls_cert: str | None,
     tls_key: str | None,
@@ -210,6 +222,7 @@ def spoke(
         advertise=advertise,
         full_wait=full_wait,
         replica_takeover=replica_takeover,
+        mirror_capacity=parse_size(mirror_capacity),
         peer_timeouts=Timeouts(connect=min(1.0, peer_timeout), read=peer_timeout, write=peer_timeout, pool=peer_timeout, slow=peer_timeout),
     )
     auth = keys = None

@@ -47,6 +47,8 @@ from .jobs import current_job
 from .learned import PREFETCH_SHARE, LearnedPrefetch
 from .membership import HubMembership, StaticMembership
 from .metacache import SpokeMetaStore
+from .mirrors import CAPACITY as MIRROR_CAPACITY
+from .mirrors import MirrorStore
 from .ownership import ChunkOwnership
 from .peers import PEER_TIMEOUTS, GroupFetch
 from .remember import Remembered
@@ -132,6 +134,7 @@ class SpokePlane(DataPlane):
         peer_timeouts: Timeouts = PEER_TIMEOUTS,
         full_wait: float = FULL_WAIT,
         replica_takeover: float = PROMOTE_AFTER,
+        mirror_capacity: int = MIRROR_CAPACITY,
     ) -> None:
         """``group``: join this spoke group at the hub; ``peers``: a fixed group of these
         spokes instead; either needs ``advertise``, the URL the other members reach this
@@ -146,8 +149,10 @@ class SpokePlane(DataPlane):
         it reads the learned working set; until then at most the hint window (:mod:`spoke.learned`).
         ``full_wait``: how long a ``local`` write waits for the write-back to free room in a
         cache full of writes not yet at the hub (back-pressure) before it fails (0: at once).
-        ``replica_takeover``: how long the origin of copies kept here (:mod:`spoke.replicas`) may
-        be silent before this spoke pushes its writes to the hub."""
+        ``replica_takeover``: how long the origin of copies kept here (:mod:`spoke.replicas`), or a
+        mount whose parked files are kept here (:mod:`spoke.mirrors`), may be silent before this
+        spoke pushes its writes to the hub. ``mirror_capacity``: the most bytes of such mounts'
+        files kept here at once (beyond, a mount stages its file inline)."""
         if not 0 <= prefetch_share <= 1:
             raise BadRequest(f"the prefetch share is a fraction of the fetch workers, 0 to 1, not {prefetch_share}")
         if durability not in (HUB, *QUEUED):
@@ -177,6 +182,7 @@ class SpokePlane(DataPlane):
         os.makedirs(cache_dir, exist_ok=True)
         self.writeback = open_writeback(cache_dir, upload_hold)
         self.replicas = open_replicas(cache_dir, replica_takeover)  # copies of other spokes' replicated writes
+        self.mirrors = MirrorStore(os.path.join(cache_dir, "mirrors"), mirror_capacity, replica_takeover)  # other machines' parked files
         meta_budget = max(1 << 20, int(cache_size * META_SHARE))
         self.chunk_cache = DiskCache(
             chunk_dir(cache_dir),
@@ -229,6 +235,7 @@ class SpokePlane(DataPlane):
         self.tracker.start()
         self.writeback.start(self.chunk_cache, self.upstream, self.traffic, self._landed)
         self.replicas.start(self.chunk_cache, self.writeback.enqueue, self.writeback.pinned_chunks)
+        self.mirrors.start(self._stage_mirrored)
 
     def _landed(self, repo: str, branch: str, changes: dict[str, Entry | None], seq: int | None) -> None:
         """A batch of queued writes is staged at the hub."""
@@ -246,6 +253,7 @@ class SpokePlane(DataPlane):
         self.tracker.stop()
         self.writeback.stop()
         self.replicas.stop()
+        self.mirrors.stop()
         self.lookahead.stop()
         self.learned.close()
         self.fetcher.stop()
@@ -546,6 +554,10 @@ class SpokePlane(DataPlane):
         self.staging.invalidate(repo, branch)
         return entry
 
+    def _stage_mirrored(self, repo: str, branch: str, path: str, data: BinaryIO, mode: int, mtime_ns: int, meta: Mapping[str, str]) -> None:
+        """A parked file of a mount that was lost (:mod:`spoke.mirrors`), queued here for the hub."""
+        self.put_object(repo, branch, path, data, mode, mtime_ns, meta, durability=LOCAL)
+
     def _require_branch(self, repo: str, branch: str) -> None:
         commit, _ = self.tracker.ref(repo, "branch", branch)
         if commit is None:
@@ -820,6 +832,7 @@ class SpokePlane(DataPlane):
             "writeback_early_chunks": self.writeback.early_sent,
             **self.writeback.stats(),
             **self.replicas.stats(),
+            **self.mirrors.stats(),
             "replication_copied_bytes": self.replication.copied_bytes if self.replication is not None else 0,
             "watch_stream_live": self.tracker.live(),
             "watch_events": self.tracker.events,

@@ -110,7 +110,7 @@ class Replication:
 
     def _to_a_peer(self, copy) -> None:  # noqa: ANN001 - Callable[[str], None]
         tried: list[str] = []
-        for peer in self._peers():
+        for peer in self.peers():
             try:
                 copy(peer)
             except (httpx.HTTPError, FabricError) as exc:
@@ -124,7 +124,9 @@ class Replication:
         why = "; ".join(tried) if tried else "no other member of the group is up"
         raise Unavailable(f"no peer spoke of the group took a copy of this write (replicated durability): {why}")
 
-    def _peers(self) -> list[str]:
+    def peers(self) -> list[str]:
+        """The other members, in the order a copy is offered to them (rendezvous order of
+        this spoke's URL, those that failed lately last)."""
         me = self.membership.me
         now = time.monotonic()
         with self._lock:

@@ -1,0 +1,308 @@
+"""Copies a spoke keeps of another machine's parked files: ``--writeback`` at ``replicated``.
+
+A ``fabric mount --writeback --durability replicated`` returns from fsync once the file is
+on the mount's own disk (its write-back journal, ``fuse/journal.py``) *and* on the disk of a
+peer spoke of its spoke's group: this store, on that peer. So losing the mount's machine
+(and the spoke beside it) loses no file whose fsync returned, while fsync costs a copy over
+the LAN instead of the chunking and upload it waits for without write-back.
+
+Layout, in ``<cache-dir>/mirrors/<mount id>/``:
+
+- ``owner``: the name of the token that sent the first file; only it may change the rest;
+- ``lease``: its modification time is the mount's last word (it renews it every
+  :data:`fuse.mirror.RENEW_EVERY` seconds);
+- ``<id>.data``, ``<id>.json``: one parked file, its bytes and where it goes (``repo``,
+  ``branch``, ``path``, ``mode``, ``mtime_ns``, ``meta``), as in the mount's journal. The data
+  is written to ``<id>.data.tmp``, synced and renamed, then the record is written durably:
+  a ``.data`` without its ``.json`` is an upload that never completed.
+
+The mount drops a file's copy here once it has staged the file on its branch (its own
+spoke then holds it at ``replicated``), and ends its lease at a clean unmount. When a
+lease is older than ``promote_after`` seconds, the mount is taken for lost: its files are
+*promoted*, written here as if a client had written them (queued in this spoke's own
+write-back for the hub, :meth:`spoke.plane.SpokePlane.put_object`), the newest of each path
+only, then dropped.
+
+Known limit (as for :mod:`spoke.replicas`): a promoted file is staged unconditionally; a
+mount that comes back after its lease ran out stages its own journal too (the same bytes),
+and a version of the same path written elsewhere in between is overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import IO, Any
+
+from fabric.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
+from fabric.util.jsonfile import fsync_dir, write_json
+
+log = logging.getLogger("fabric.spoke.mirrors")
+
+#: Seconds a mount may go without renewing its lease before its files are staged from here.
+PROMOTE_AFTER = 30.0
+#: Seconds between two looks at the leases.
+LOOK_EVERY = 2.0
+#: Bytes all mounts may keep here at once (beyond, a copy is refused and the mount stages inline).
+CAPACITY = 8 * 1024**3
+
+_ID = re.compile(r"^[0-9a-f]{32}$")
+_FIELDS = {"repo": str, "branch": str, "path": str, "mode": int, "mtime_ns": int, "meta": dict}
+
+#: ``stage(repo, branch, path, file, mode, mtime_ns, meta)``: write one promoted file.
+Stage = Callable[[str, str, str, IO[bytes], int, int, Mapping[str, str]], object]
+
+
+def check_id(value: str, what: str) -> str:
+    if not _ID.match(value):
+        raise BadRequest(f"{what} is 32 lowercase hex digits, not {value[:40]!r}")
+    return value
+
+
+def check_record(record: Any) -> dict[str, Any]:
+    """The record of a parked file, its fields checked (BadRequest names the first wrong one)."""
+    if not isinstance(record, dict):
+        raise BadRequest("a mirrored file's record is a JSON object")
+    for name, kind in _FIELDS.items():
+        if not isinstance(record.get(name), kind) or isinstance(record.get(name), bool):
+            raise BadRequest(f"a mirrored file's record needs {name!r} ({kind.__name__})")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in record["meta"].items()):
+        raise BadRequest("a mirrored file's meta maps strings to strings")
+    return {name: record[name] for name in _FIELDS}
+
+
+class MirrorStore:
+    """The parked files other machines' mounts keep on this spoke."""
+
+    def __init__(self, directory: str, capacity: int = CAPACITY, promote_after: float = PROMOTE_AFTER) -> None:
+        self.dir = directory
+        self.capacity = capacity
+        self.promote_after = promote_after
+        os.makedirs(directory, exist_ok=True)
+        self._lock = threading.Lock()
+        self._reserved = 0  # bytes of uploads in progress
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.promoted = 0
+        self._clean_partial()
+
+    # -- what a mount sends ----------------------------------------------------------
+    def begin(self, mount: str, owner: str, rid: str, record: Any, size: int) -> tuple[str, dict[str, Any]]:
+        """Make room for file ``rid`` of ``size`` bytes; the path to write its data to (the
+        caller writes it, :meth:`finish` or :meth:`abort` then). PayloadTooLarge when the
+        store is full."""
+        check_id(rid, "a mirrored file's id")
+        record = check_record(record)
+        if size < 0:
+            raise BadRequest("a mirrored file needs its size (Content-Length)")
+        directory = self._claim(mount, owner)
+        with self._lock:
+            held = self._held_bytes() + self._reserved
+            if held + size > self.capacity:
+                raise PayloadTooLarge(f"this spoke keeps at most {self.capacity} bytes of parked files for mounts, "
+                                      f"{held} are taken: stage the file instead")
+            self._reserved += size
+        return os.path.join(directory, rid + ".data.tmp"), record
+
+    def finish(self, mount: str, rid: str, record: dict[str, Any], size: int, written: int) -> None:
+        """The data of ``rid`` is written (and synced) to its temporary name: keep it."""
+        directory = os.path.join(self.dir, mount)
+        tmp = os.path.join(directory, rid + ".data.tmp")
+        try:
+            if written != size:
+                raise BadRequest(f"the body held {written} bytes, not the {size} its Content-Length gave")
+            os.replace(tmp, os.path.join(directory, rid + ".data"))
+            write_json(os.path.join(directory, rid + ".json"), record, durable=True)
+            fsync_dir(directory)
+            self._touch(directory)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            with self._lock:
+                self._reserved -= size
+
+    def abort(self, mount: str, rid: str, size: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.dir, mount, rid + ".data.tmp"))
+        with self._lock:
+            self._reserved -= size
+
+    def rename(self, mount: str, owner: str, rid: str, record: Any) -> None:
+        """File ``rid`` now goes where ``record`` says (renamed, or its attributes changed)."""
+        check_id(rid, "a mirrored file's id")
+        record = check_record(record)
+        directory = self._owned(mount, owner)
+        if not os.path.exists(os.path.join(directory, rid + ".data")):
+            raise NotFound(f"no mirrored file {rid} of mount {mount}")
+        write_json(os.path.join(directory, rid + ".json"), record, durable=True)
+
+    def drop(self, mount: str, owner: str, rid: str) -> bool:
+        """Forget file ``rid`` (staged by its mount, or replaced); whether it was here."""
+        check_id(rid, "a mirrored file's id")
+        directory = self._owned(mount, owner)
+        found = False
+        for suffix in (".json", ".data"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, rid + suffix))
+                found = True
+        return found
+
+    def renew(self, mount: str, owner: str) -> None:
+        """The mount is alive: its files stay here, unstaged."""
+        self._touch(self._owned(mount, owner))
+
+    def end(self, mount: str, owner: str) -> None:
+        """The mount ended cleanly with nothing parked: forget it."""
+        shutil.rmtree(self._owned(mount, owner), ignore_errors=True)
+
+    # -- state ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"mirrors_mounts": len(self._mounts()), "mirrors_files": sum(1 for _ in self._files()),
+                    "mirrors_bytes": self._held_bytes(), "mirrors_promoted": self.promoted}
+
+    def _mounts(self) -> list[str]:
+        return [m for m in os.listdir(self.dir) if _ID.match(m)]
+
+    def _files(self):  # noqa: ANN202 - Iterator[str], the paths of the complete copies' data
+        for mount in self._mounts():
+            with contextlib.suppress(FileNotFoundError):
+                for name in os.listdir(os.path.join(self.dir, mount)):
+                    if name.endswith(".data"):
+                        yield os.path.join(self.dir, mount, name)
+
+    def _held_bytes(self) -> int:
+        total = 0
+        for path in self._files():
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(path).st_size
+        return total
+
+    def _claim(self, mount: str, owner: str) -> str:
+        """The directory of ``mount``, made for ``owner`` if new."""
+        check_id(mount, "a mount's id")
+        directory = os.path.join(self.dir, mount)
+        with self._lock:
+            if not os.path.isdir(directory):
+                os.makedirs(directory)
+                with open(os.path.join(directory, "owner"), "w") as f:
+                    f.write(owner)
+                self._touch(directory)
+                fsync_dir(self.dir)
+        return self._owned(mount, owner)
+
+    def _owned(self, mount: str, owner: str) -> str:
+        check_id(mount, "a mount's id")
+        directory = os.path.join(self.dir, mount)
+        try:
+            with open(os.path.join(directory, "owner")) as f:
+                kept_for = f.read()
+        except FileNotFoundError:
+            raise NotFound(f"this spoke keeps nothing for mount {mount}") from None
+        if kept_for != owner:
+            raise Forbidden(f"mount {mount}'s files here were sent with another token")
+        return directory
+
+    @staticmethod
+    def _touch(directory: str) -> None:
+        lease = os.path.join(directory, "lease")
+        with open(lease, "a"):
+            pass
+        os.utime(lease)
+
+    def _clean_partial(self) -> None:
+        """Uploads a killed spoke never finished."""
+        for mount in self._mounts():
+            directory = os.path.join(self.dir, mount)
+            for name in os.listdir(directory):
+                if name.endswith(".tmp"):
+                    os.unlink(os.path.join(directory, name))
+
+    # -- lost mounts ---------------------------------------------------------------------
+    def start(self, stage: Stage) -> None:
+        """Watch the leases; ``stage`` writes a lost mount's files (into this spoke's write-back)."""
+        self._stage = stage
+        self._thread = threading.Thread(target=self._run, name="mirrors", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(LOOK_EVERY):
+            try:
+                self.promote_lost()
+            except Exception:  # never let the watcher die; try again next round
+                log.exception("mirrors: staging the files of lost mounts failed")
+
+    def promote_lost(self) -> int:
+        """Stage the files of every mount whose lease ran out; how many files."""
+        now = time.time()
+        done = 0
+        for mount in self._mounts():
+            directory = os.path.join(self.dir, mount)
+            try:
+                renewed = os.stat(os.path.join(directory, "lease")).st_mtime
+            except FileNotFoundError:
+                continue
+            if now - renewed >= self.promote_after:
+                done += self._promote(mount, directory, now - renewed)
+        return done
+
+    def _promote(self, mount: str, directory: str, silent_for: float) -> int:
+        records = self._latest(directory)
+        done = 0
+        for rid, record in records:
+            data = os.path.join(directory, rid + ".data")
+            try:
+                with open(data, "rb") as f:
+                    self._stage(record["repo"], record["branch"], record["path"], f, record["mode"], record["mtime_ns"], record["meta"])
+            except Exception as exc:  # noqa: BLE001 - kept, and tried again next round
+                log.error("mirrors: cannot stage %s of lost mount %s at %s@%s (tried again in %.0f s): %s",
+                          record["path"], mount, record["repo"], record["branch"], LOOK_EVERY, exc)
+                continue
+            for suffix in (".json", ".data"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(directory, rid + suffix))
+            done += 1
+        with self._lock:
+            self.promoted += done
+        if not any(n.endswith(".json") for n in os.listdir(directory)):
+            shutil.rmtree(directory, ignore_errors=True)
+        if done:
+            log.warning("mirrors: mount %s has not renewed its lease for %.0f s: %d of its parked file(s) queued here for the hub",
+                        mount, silent_for, done)
+        return done
+
+    @staticmethod
+    def _latest(directory: str) -> list[tuple[str, dict[str, Any]]]:
+        """The complete records, of two of one path the later only (the earlier dropped)."""
+        found: list[tuple[float, str, dict[str, Any]]] = []
+        for name in os.listdir(directory):
+            if not name.endswith(".json"):
+                continue
+            rid = name[: -len(".json")]
+            path = os.path.join(directory, name)
+            try:
+                with open(path) as f:
+                    record = check_record(json.load(f))
+                found.append((os.stat(path).st_mtime, rid, record))
+            except (OSError, ValueError, BadRequest) as exc:
+                log.error("mirrors: %s is unreadable (%s); left in place", path, exc)
+        latest: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = {}
+        for _, rid, record in sorted(found, key=lambda t: t[0]):
+            key = (record["repo"], record["branch"], record["path"])
+            older = latest.pop(key, None)
+            if older is not None:
+                for suffix in (".json", ".data"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(directory, older[0] + suffix))
+            latest[key] = (rid, record)
+        return list(latest.values())

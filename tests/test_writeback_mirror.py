@@ -1,0 +1,270 @@
+"""``fabric mount --writeback --durability replicated`` (issue 16.2): fsync returns once the
+file is on the mount's disk and a peer spoke keeps a copy (``fuse/mirror.py``,
+``spoke/mirrors.py``), so losing the mount's machine and its spoke loses no file fsync
+returned for.
+
+The store on its own, then real mounts of a real spoke pair (``tests.test_spoke_replicated.pair``):
+the first spoke mounted, the second keeping the copies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+
+import httpx
+import pytest
+
+from fabric.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
+from fabric.util.processes import process_alive
+from spoke.mirrors import MirrorStore
+from tests.fuse_helpers import _state, fabric, force_unmount, mounted, needs_fuse
+from tests.hubserver import Hub, unique_name
+from tests.spokeserver import random_bytes, wait_for
+from tests.test_spoke_replicated import new_repo, pair
+
+MOUNT, OTHER = "a" * 32, "b" * 32
+RID, RID2 = "1" * 32, "2" * 32
+
+
+def _record(path: str = "ckpt/shard.bin", repo: str = "r") -> dict:
+    return {"repo": repo, "branch": "main", "path": path, "mode": 0o644, "mtime_ns": 1, "meta": {}}
+
+
+def _keep(store: MirrorStore, rid: str, data: bytes, record: dict | None = None, owner: str = "alice") -> None:
+    tmp, checked = store.begin(MOUNT, owner, rid, record or _record(), len(data))
+    with open(tmp, "wb") as f:
+        f.write(data)
+    store.finish(MOUNT, rid, checked, len(data), len(data))
+
+
+# -- the store on its own --------------------------------------------------------------------
+def test_the_store_keeps_copies_for_their_owner_only(tmp_path):
+    store = MirrorStore(str(tmp_path), capacity=100)
+    _keep(store, RID, b"x" * 60)
+    assert store.stats()["mirrors_bytes"] == 60 and store.stats()["mirrors_files"] == 1
+    with pytest.raises(PayloadTooLarge):  # 60 + 50 > 100: the mount stages the file instead
+        store.begin(MOUNT, "alice", RID2, _record(), 50)
+    with pytest.raises(Forbidden):
+        store.drop(MOUNT, "mallory", RID)
+    with pytest.raises(Forbidden):
+        store.begin(MOUNT, "mallory", RID2, _record(), 1)
+    with pytest.raises(NotFound):
+        store.renew(OTHER, "alice")
+    for bad in ("../" + "a" * 29, "A" * 32, "a" * 31):
+        with pytest.raises(BadRequest):
+            store.begin(bad, "alice", RID2, _record(), 1)
+        with pytest.raises(BadRequest):
+            store.drop(MOUNT, "alice", bad)
+    for record in ({**_record(), "mode": "rw"}, {**_record(), "meta": {"k": 1}}, ["not", "a", "dict"], {"repo": "r"}):
+        with pytest.raises(BadRequest):
+            store.begin(MOUNT, "alice", RID2, record, 1)
+    assert sorted(os.listdir(tmp_path / MOUNT)) == [f"{RID}.data", f"{RID}.json", "lease", "owner"]  # (nothing of the refused)
+    assert store.drop(MOUNT, "alice", RID)
+    assert store.stats()["mirrors_files"] == 0
+
+
+def test_a_short_body_keeps_nothing(tmp_path):
+    store = MirrorStore(str(tmp_path))
+    tmp, checked = store.begin(MOUNT, "alice", RID, _record(), 10)
+    with open(tmp, "wb") as f:
+        f.write(b"short")
+    with pytest.raises(BadRequest, match="held 5 bytes, not the 10"):
+        store.finish(MOUNT, RID, checked, 10, 5)
+    assert sorted(os.listdir(tmp_path / MOUNT)) == ["lease", "owner"]
+    assert store._reserved == 0
+
+
+def test_a_lost_mounts_newest_copy_of_each_path_is_staged_then_forgotten(tmp_path):
+    store = MirrorStore(str(tmp_path), promote_after=0.5)
+    staged: list[tuple] = []
+    store._stage = lambda repo, branch, path, f, mode, mtime_ns, meta: staged.append((repo, branch, path, f.read()))
+    _keep(store, RID, b"old version", _record("a.bin"))
+    time.sleep(0.02)  # (records are ordered by when they were written)
+    _keep(store, RID2, b"new version", _record("a.bin"))
+    _keep(store, "3" * 32, b"renamed", _record("b.tmp"))
+    store.rename(MOUNT, "alice", "3" * 32, _record("b.bin"))
+    assert store.promote_lost() == 0  # its lease is fresh
+    time.sleep(0.6)
+    assert store.promote_lost() == 2
+    assert sorted(staged) == [("r", "main", "a.bin", b"new version"), ("r", "main", "b.bin", b"renamed")]
+    assert not os.path.exists(tmp_path / MOUNT) and store.stats()["mirrors_promoted"] == 2
+
+
+def test_a_copy_that_cannot_be_staged_stays_for_the_next_round(tmp_path):
+    store = MirrorStore(str(tmp_path), promote_after=0.0)
+    calls = []
+
+    def refuse(*args):
+        calls.append(args[2])
+        raise NotFound("branch 'main' does not exist")
+
+    store._stage = refuse
+    _keep(store, RID, b"data")
+    assert store.promote_lost() == 0 and calls == ["ckpt/shard.bin"]
+    assert store.stats()["mirrors_files"] == 1
+
+
+def test_a_spoke_killed_mid_copy_drops_the_partial_upload_when_it_starts(tmp_path):
+    store = MirrorStore(str(tmp_path))
+    tmp, _ = store.begin(MOUNT, "alice", RID, _record(), 10)
+    with open(tmp, "wb") as f:
+        f.write(b"half")
+    MirrorStore(str(tmp_path))  # the spoke's next start
+    assert sorted(os.listdir(tmp_path / MOUNT)) == ["lease", "owner"]
+
+
+# -- through a spoke's routes -----------------------------------------------------------------
+def test_the_routes_refuse_bad_input_and_other_tokens(hub: Hub, tmp_path):
+    repo, other_repo = new_repo(hub), new_repo(hub)
+    writer = hub.plane().create_token(unique_name("w"), roles={repo: "write"})["token"]
+    reader = hub.plane().create_token(unique_name("r"), roles={repo: "read"})["token"]
+    with pair(hub, tmp_path) as p:
+        base = f"{p.b.url}/api/v1/mirror/{MOUNT}"
+
+        def put(token: str, record: object, body: bytes, rid: str = RID, **headers: str) -> httpx.Response:
+            h = {"Authorization": f"Bearer {token}", "X-Fabric-Record": json.dumps(record), **headers}
+            return httpx.put(f"{base}/files/{rid}", content=body, headers=h)
+
+        r = put(reader, _record(repo=repo), b"data")
+        assert r.status_code == 403, r.text
+        assert put(writer, _record(repo=other_repo), b"data").status_code == 403  # another repository's
+        assert put(writer, {"repo": repo}, b"data").status_code == 400
+        assert put(writer, _record(repo=repo), b"data", rid="../x").status_code in (400, 404)
+        assert put(writer, "not json{", b"data").status_code == 400
+        assert p.b.stats()["mirrors_files"] == 0
+
+        assert put(writer, _record(repo=repo), b"kept").status_code == 204
+        assert p.b.stats()["mirrors_files"] == 1 and p.b.stats()["mirrors_bytes"] == 4
+        spoke_token = {"Authorization": f"Bearer {p.token}"}  # (it may write every repository, but sent no copy)
+        assert httpx.delete(f"{base}/files/{RID}", headers=spoke_token).status_code == 403
+        assert httpx.post(f"{base}/lease", headers=spoke_token).status_code == 403
+        assert httpx.delete(f"{base}/lease", headers=spoke_token).status_code == 403
+        mine = {"Authorization": f"Bearer {writer}"}
+        assert httpx.post(f"{base}/lease", headers=mine).status_code == 204
+        assert httpx.delete(f"{base}/files/{RID}", headers=mine).status_code == 204
+        assert p.b.stats()["mirrors_files"] == 0
+
+        peer = httpx.get(f"{p.a.url}/api/v1/mirror/peer", headers=mine)
+        assert peer.status_code == 200 and peer.json() == {"peer": p.b.url}
+
+
+# -- mounts ------------------------------------------------------------------------------------
+def _opts(write_dir) -> tuple[str, ...]:
+    return ("--rw", "--writeback", "--write-dir", str(write_dir), "--durability", "replicated")
+
+
+@needs_fuse
+def test_fsync_leaves_a_copy_at_the_peer_which_is_dropped_once_staged(hub: Hub, tmp_path):
+    repo = new_repo(hub)
+    data = random_bytes(3 << 20, 61)
+    with pair(hub, tmp_path) as p:
+        with mounted(p.a.url, p.token, f"{repo}@main", tmp_path / "mnt", *_opts(tmp_path / "w")) as mnt:
+            with open(f"{mnt}/shard.bin", "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+                held = p.b.stats()
+                assert held["mirrors_files"] == 1 and held["mirrors_bytes"] == len(data)  # before fsync returned
+                [mount_dir] = [d for d in os.listdir(p.b.cache + "/mirrors")]
+                kept = [n for n in os.listdir(f"{p.b.cache}/mirrors/{mount_dir}") if n.endswith(".data")]
+                assert open(f"{p.b.cache}/mirrors/{mount_dir}/{kept[0]}", "rb").read() == data
+            wait_for(lambda: p.b.stats()["mirrors_files"] == 0, timeout=30, interval=0.2)  # staged, so dropped
+        assert p.b.stats()["mirrors_mounts"] == 0  # a clean unmount ends the lease
+        wait_for(lambda: p.b.stats()["replicas_held"] == 0, timeout=60, interval=0.5)
+    assert hub.plane().read(repo, "main", "shard.bin") == data
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_losing_the_mounts_machine_after_fsync_loses_nothing(hub: Hub, tmp_path):
+    """kill -9 of the mount and of the spoke beside it, and the write-dir deleted (the machine
+    lost) while a fsynced file was parked: the peer stages it once the lease runs out."""
+    repo = new_repo(hub)
+    data = random_bytes(2 << 20, 62)
+    with pair(hub, tmp_path, takeover=3.0) as p:
+        mp = str(tmp_path / "mnt")
+        os.makedirs(mp)
+        fabric("mount", p.a.url, f"{repo}@main", mp, *_opts(tmp_path / "w"), token=p.token)
+        pid = _state(mp)["pid"]
+        try:
+            os.makedirs(f"{mp}/ckpt", exist_ok=True)
+            f = open(f"{mp}/ckpt/shard.bin", "wb")  # noqa: SIM115 - kept open: the file stays parked
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            meta = open(f"{mp}/ckpt/.metadata.tmp", "wb")  # noqa: SIM115 - DCP's last step, kept open too
+            meta.write(b"step 1")
+            meta.flush()
+            os.fsync(meta.fileno())
+            os.rename(f"{mp}/ckpt/.metadata.tmp", f"{mp}/ckpt/.metadata")  # made on the mount alone; the peer hears
+            assert p.b.stats()["mirrors_files"] == 2
+            os.kill(pid, signal.SIGKILL)
+            p.a.kill()
+        finally:
+            force_unmount(mp)
+        wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
+        shutil.rmtree(tmp_path / "w")
+        wait_for(lambda: p.b.stats()["mirrors_promoted"] == 2, timeout=30, interval=0.5)
+        wait_for(lambda: p.b.stats()["writeback_pending"] == 0, timeout=60, interval=0.5)
+    assert hub.plane().read(repo, "main", "ckpt/shard.bin") == data
+    assert hub.plane().read(repo, "main", "ckpt/.metadata") == b"step 1"
+    assert sorted(path for path, _ in hub.plane().list(repo, "main", "ckpt/").entries) == ["ckpt/.metadata", "ckpt/shard.bin"]
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_a_mount_restarted_in_time_takes_its_copies_back_and_the_peer_stages_nothing(hub: Hub, tmp_path):
+    """kill -9 of the mount alone, started again with the same --write-dir within the peer's
+    takeover: it renews the same lease, stages the parked file, and drops the peer's copy."""
+    repo = new_repo(hub)
+    data = random_bytes(1 << 20, 63)
+    with pair(hub, tmp_path, takeover=60.0) as p:
+        mp = str(tmp_path / "mnt")
+        os.makedirs(mp)
+        fabric("mount", p.a.url, f"{repo}@main", mp, *_opts(tmp_path / "w"), token=p.token)
+        pid = _state(mp)["pid"]
+        try:
+            f = open(f"{mp}/shard.bin", "wb")  # noqa: SIM115 - kept open: the file stays parked
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            assert p.b.stats()["mirrors_files"] == 1
+            os.kill(pid, signal.SIGKILL)
+        finally:
+            force_unmount(mp)
+        wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
+        with mounted(p.a.url, p.token, f"{repo}@main", mp, *_opts(tmp_path / "w")) as mnt:
+            assert open(f"{mnt}/shard.bin", "rb").read() == data
+            wait_for(lambda: p.b.stats()["mirrors_files"] == 0, timeout=30, interval=0.2)
+        assert p.b.stats()["mirrors_promoted"] == 0 and p.b.stats()["mirrors_mounts"] == 0
+        wait_for(lambda: p.a.stats()["writeback_pending"] == 0, timeout=60, interval=0.5)
+    assert hub.plane().read(repo, "main", "shard.bin") == data
+
+
+@needs_fuse
+def test_without_a_peer_fsync_never_returns_as_if_replicated(hub: Hub, tmp_path):
+    """The peer is down: fsync stages at the spoke at replicated, which needs that peer too,
+    so it fails (EIO, after --server-timeout) rather than return with a single copy."""
+    repo = new_repo(hub)
+    with pair(hub, tmp_path) as p:
+        with mounted(p.a.url, p.token, f"{repo}@main", tmp_path / "mnt", *_opts(tmp_path / "w"), "--server-timeout", "3") as mnt:
+            p.b.kill()
+            with open(f"{mnt}/shard.bin", "wb") as f:
+                f.write(b"x" * 1000)
+                f.flush()
+                with pytest.raises(OSError):
+                    os.fsync(f.fileno())
+
+
+@needs_fuse
+def test_writeback_at_replicated_needs_a_spoke_in_a_group(hub: Hub, tmp_path):
+    repo = new_repo(hub)
+    mp = tmp_path / "mnt"
+    os.makedirs(mp)
+    refused = fabric("mount", hub.url, f"{repo}@main", str(mp), *_opts(tmp_path / "w"), token=hub.token, check=False)
+    assert refused.returncode != 0 and "needs a spoke in a group" in refused.stderr, refused.stderr
+    assert not os.path.ismount(mp)
