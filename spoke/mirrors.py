@@ -228,22 +228,21 @@ class MirrorStore:
     # -- lost mounts ---------------------------------------------------------------------
     def start(self, stage: Stage) -> None:
         """Watch the leases; ``stage`` writes a lost mount's files (into this spoke's write-back)."""
-        self._stage = stage
-        self._thread = threading.Thread(target=self._run, name="mirrors", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(stage,), name="mirrors", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _run(self) -> None:
+    def _run(self, stage: Stage) -> None:
         while not self._stop.wait(LOOK_EVERY):
             try:
-                self.promote_lost()
+                self.promote_lost(stage)
             except Exception:  # never let the watcher die; try again next round
                 log.exception("mirrors: staging the files of lost mounts failed")
 
-    def promote_lost(self) -> int:
-        """Stage the files of every mount whose lease ran out; how many files."""
+    def promote_lost(self, stage: Stage) -> int:
+        """Stage the files of every mount whose lease ran out with ``stage``; how many files."""
         now = time.time()
         done = 0
         for mount in self._mounts():
@@ -253,17 +252,17 @@ class MirrorStore:
             except FileNotFoundError:
                 continue
             if now - renewed >= self.promote_after:
-                done += self._promote(mount, directory, now - renewed)
+                done += self._promote(stage, mount, directory, now - renewed)
         return done
 
-    def _promote(self, mount: str, directory: str, silent_for: float) -> int:
+    def _promote(self, stage: Stage, mount: str, directory: str, silent_for: float) -> int:
         records = self._latest(directory)
         done = 0
         for rid, record in records:
             data = os.path.join(directory, rid + ".data")
             try:
                 with open(data, "rb") as f:
-                    self._stage(record["repo"], record["branch"], record["path"], f, record["mode"], record["mtime_ns"], record["meta"])
+                    stage(record["repo"], record["branch"], record["path"], f, record["mode"], record["mtime_ns"], record["meta"])
             except Exception as exc:  # noqa: BLE001 - kept, and tried again next round
                 log.error("mirrors: cannot stage %s of lost mount %s at %s@%s (tried again in %.0f s): %s",
                           record["path"], mount, record["repo"], record["branch"], LOOK_EVERY, exc)

@@ -9,21 +9,21 @@ the first spoke mounted, the second keeping the copies.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import signal
 import time
 
 import httpx
 import pytest
 
 from fabric.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
-from fabric.util.processes import process_alive
 from spoke.mirrors import MirrorStore
-from tests.fuse_helpers import _state, fabric, force_unmount, mounted, needs_fuse
+from tests.fuse_helpers import fabric, mounted, needs_fuse
 from tests.hubserver import Hub, unique_name
 from tests.spokeserver import random_bytes, wait_for
+from tests.test_fuse_writeback import _kill_with_open, _mount_to_kill
 from tests.test_spoke_replicated import new_repo, pair
 
 MOUNT, OTHER = "a" * 32, "b" * 32
@@ -67,29 +67,38 @@ def test_the_store_keeps_copies_for_their_owner_only(tmp_path):
     assert store.stats()["mirrors_files"] == 0
 
 
-def test_a_short_body_keeps_nothing(tmp_path):
-    store = MirrorStore(str(tmp_path))
-    tmp, checked = store.begin(MOUNT, "alice", RID, _record(), 10)
+def _half_sent(store: MirrorStore, size: int) -> dict:
+    """An upload of ``size`` bytes begun and cut short (4 bytes written); its checked record."""
+    tmp, checked = store.begin(MOUNT, "alice", RID, _record(), size)
     with open(tmp, "wb") as f:
-        f.write(b"short")
-    with pytest.raises(BadRequest, match="held 5 bytes, not the 10"):
-        store.finish(MOUNT, RID, checked, 10, 5)
+        f.write(b"half")
+    return checked
+
+
+def test_a_short_body_keeps_nothing(tmp_path):
+    store = MirrorStore(str(tmp_path), capacity=10)
+    checked = _half_sent(store, 10)
+    with pytest.raises(BadRequest, match="held 4 bytes, not the 10"):
+        store.finish(MOUNT, RID, checked, 10, 4)
     assert sorted(os.listdir(tmp_path / MOUNT)) == ["lease", "owner"]
-    assert store._reserved == 0
+    store.begin(MOUNT, "alice", RID2, _record(), 10)  # the room it took is free again
 
 
 def test_a_lost_mounts_newest_copy_of_each_path_is_staged_then_forgotten(tmp_path):
     store = MirrorStore(str(tmp_path), promote_after=0.5)
     staged: list[tuple] = []
-    store._stage = lambda repo, branch, path, f, mode, mtime_ns, meta: staged.append((repo, branch, path, f.read()))
+
+    def stage(repo, branch, path, f, mode, mtime_ns, meta):
+        staged.append((repo, branch, path, f.read()))
+
     _keep(store, RID, b"old version", _record("a.bin"))
     time.sleep(0.02)  # (records are ordered by when they were written)
     _keep(store, RID2, b"new version", _record("a.bin"))
     _keep(store, "3" * 32, b"renamed", _record("b.tmp"))
     store.rename(MOUNT, "alice", "3" * 32, _record("b.bin"))
-    assert store.promote_lost() == 0  # its lease is fresh
+    assert store.promote_lost(stage) == 0  # its lease is fresh
     time.sleep(0.6)
-    assert store.promote_lost() == 2
+    assert store.promote_lost(stage) == 2
     assert sorted(staged) == [("r", "main", "a.bin", b"new version"), ("r", "main", "b.bin", b"renamed")]
     assert not os.path.exists(tmp_path / MOUNT) and store.stats()["mirrors_promoted"] == 2
 
@@ -102,17 +111,13 @@ def test_a_copy_that_cannot_be_staged_stays_for_the_next_round(tmp_path):
         calls.append(args[2])
         raise NotFound("branch 'main' does not exist")
 
-    store._stage = refuse
     _keep(store, RID, b"data")
-    assert store.promote_lost() == 0 and calls == ["ckpt/shard.bin"]
+    assert store.promote_lost(refuse) == 0 and calls == ["ckpt/shard.bin"]
     assert store.stats()["mirrors_files"] == 1
 
 
 def test_a_spoke_killed_mid_copy_drops_the_partial_upload_when_it_starts(tmp_path):
-    store = MirrorStore(str(tmp_path))
-    tmp, _ = store.begin(MOUNT, "alice", RID, _record(), 10)
-    with open(tmp, "wb") as f:
-        f.write(b"half")
+    _half_sent(MirrorStore(str(tmp_path)), 10)
     MirrorStore(str(tmp_path))  # the spoke's next start
     assert sorted(os.listdir(tmp_path / MOUNT)) == ["lease", "owner"]
 
@@ -153,6 +158,16 @@ def test_the_routes_refuse_bad_input_and_other_tokens(hub: Hub, tmp_path):
 
 
 # -- mounts ------------------------------------------------------------------------------------
+def _fsynced(path: str, data: bytes):
+    """``path`` written with ``data`` and fsynced, and kept open: it stays parked (a file is
+    staged after its last close)."""
+    f = open(path, "wb")  # noqa: SIM115 - the caller closes it (or kills the mount first)
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+    return f
+
+
 def _opts(write_dir) -> tuple[str, ...]:
     return ("--rw", "--writeback", "--write-dir", str(write_dir), "--durability", "replicated")
 
@@ -187,26 +202,16 @@ def test_losing_the_mounts_machine_after_fsync_loses_nothing(hub: Hub, tmp_path)
     data = random_bytes(2 << 20, 62)
     with pair(hub, tmp_path, takeover=3.0) as p:
         mp = str(tmp_path / "mnt")
-        os.makedirs(mp)
-        fabric("mount", p.a.url, f"{repo}@main", mp, *_opts(tmp_path / "w"), token=p.token)
-        pid = _state(mp)["pid"]
-        try:
-            os.makedirs(f"{mp}/ckpt", exist_ok=True)
-            f = open(f"{mp}/ckpt/shard.bin", "wb")  # noqa: SIM115 - kept open: the file stays parked
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-            meta = open(f"{mp}/ckpt/.metadata.tmp", "wb")  # noqa: SIM115 - DCP's last step, kept open too
-            meta.write(b"step 1")
-            meta.flush()
-            os.fsync(meta.fileno())
+        with _mount_to_kill(p.a.url, p.token, repo, mp, _opts(tmp_path / "w")) as pid:
+            os.makedirs(f"{mp}/ckpt")
+            shard = _fsynced(f"{mp}/ckpt/shard.bin", data)
+            meta = _fsynced(f"{mp}/ckpt/.metadata.tmp", b"step 1")  # DCP's last step
             os.rename(f"{mp}/ckpt/.metadata.tmp", f"{mp}/ckpt/.metadata")  # made on the mount alone; the peer hears
             assert p.b.stats()["mirrors_files"] == 2
-            os.kill(pid, signal.SIGKILL)
+            _kill_with_open(pid, shard)
+            with contextlib.suppress(OSError):  # (its mount is gone)
+                meta.close()
             p.a.kill()
-        finally:
-            force_unmount(mp)
-        wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
         shutil.rmtree(tmp_path / "w")
         wait_for(lambda: p.b.stats()["mirrors_promoted"] == 2, timeout=30, interval=0.5)
         wait_for(lambda: p.b.stats()["writeback_pending"] == 0, timeout=60, interval=0.5)
@@ -224,19 +229,10 @@ def test_a_mount_restarted_in_time_takes_its_copies_back_and_the_peer_stages_not
     data = random_bytes(1 << 20, 63)
     with pair(hub, tmp_path, takeover=60.0) as p:
         mp = str(tmp_path / "mnt")
-        os.makedirs(mp)
-        fabric("mount", p.a.url, f"{repo}@main", mp, *_opts(tmp_path / "w"), token=p.token)
-        pid = _state(mp)["pid"]
-        try:
-            f = open(f"{mp}/shard.bin", "wb")  # noqa: SIM115 - kept open: the file stays parked
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with _mount_to_kill(p.a.url, p.token, repo, mp, _opts(tmp_path / "w")) as pid:
+            shard = _fsynced(f"{mp}/shard.bin", data)
             assert p.b.stats()["mirrors_files"] == 1
-            os.kill(pid, signal.SIGKILL)
-        finally:
-            force_unmount(mp)
-        wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
+            _kill_with_open(pid, shard)
         with mounted(p.a.url, p.token, f"{repo}@main", mp, *_opts(tmp_path / "w")) as mnt:
             assert open(f"{mnt}/shard.bin", "rb").read() == data
             wait_for(lambda: p.b.stats()["mirrors_files"] == 0, timeout=30, interval=0.2)
