@@ -21,11 +21,14 @@ spoke then holds it at ``replicated``), and ends its lease at a clean unmount. W
 lease is older than ``promote_after`` seconds, the mount is taken for lost: its files are
 *promoted*, written here as if a client had written them (queued in this spoke's own
 write-back for the hub, :meth:`spoke.plane.SpokePlane.put_object`), the newest of each path
-only, then dropped.
+only, then dropped. A copy is not written over a version of its path on the branch whose
+mtime is as late or later (the mount staged a newer version before it was lost; its
+versions' times all come from its own clock). A spoke that starts again gives every mount a
+whole ``promote_after`` to renew its lease (its renewals could not reach a stopped spoke).
 
-Known limit (as for :mod:`spoke.replicas`): a promoted file is staged unconditionally; a
-mount that comes back after its lease ran out stages its own journal too (the same bytes),
-and a version of the same path written elsewhere in between is overwritten.
+Known limit (as for :mod:`spoke.replicas`): a mount that comes back after its lease ran out
+stages its own journal too (the same bytes), and a version written elsewhere with an older
+mtime (another machine's clock) is overwritten.
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ CAPACITY = 8 * 1024**3
 _ID = re.compile(r"^[0-9a-f]{32}$")
 _FIELDS = {"repo": str, "branch": str, "path": str, "mode": int, "mtime_ns": int, "meta": dict}
 
-#: ``stage(repo, branch, path, file, mode, mtime_ns, meta)``: write one promoted file.
-Stage = Callable[[str, str, str, IO[bytes], int, int, Mapping[str, str]], object]
+#: ``stage(repo, branch, path, file, mode, mtime_ns, meta)``: write one promoted file; False
+#: when it was not written because the branch holds a later version of the path.
+Stage = Callable[[str, str, str, IO[bytes], int, int, Mapping[str, str]], bool]
 
 
 def check_id(value: str, what: str) -> str:
@@ -91,6 +95,7 @@ class MirrorStore:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.promoted = 0
+        self.superseded = 0  # copies not written: the branch had a later version
         self._clean_partial()
 
     # -- what a mount sends ----------------------------------------------------------
@@ -166,7 +171,7 @@ class MirrorStore:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"mirrors_mounts": len(self._mounts()), "mirrors_files": sum(1 for _ in self._files()),
-                    "mirrors_bytes": self._held_bytes(), "mirrors_promoted": self.promoted}
+                    "mirrors_bytes": self._held_bytes(), "mirrors_promoted": self.promoted, "mirrors_superseded": self.superseded}
 
     def _mounts(self) -> list[str]:
         return [m for m in os.listdir(self.dir) if _ID.match(m)]
@@ -218,12 +223,14 @@ class MirrorStore:
         os.utime(lease)
 
     def _clean_partial(self) -> None:
-        """Uploads a killed spoke never finished."""
+        """Uploads a stopped spoke never finished are removed, and every lease starts again
+        (a mount's renewals could not reach it while it was down)."""
         for mount in self._mounts():
             directory = os.path.join(self.dir, mount)
             for name in os.listdir(directory):
                 if name.endswith(".tmp"):
                     os.unlink(os.path.join(directory, name))
+            self._touch(directory)
 
     # -- lost mounts ---------------------------------------------------------------------
     def start(self, stage: Stage) -> None:
@@ -257,12 +264,12 @@ class MirrorStore:
 
     def _promote(self, stage: Stage, mount: str, directory: str, silent_for: float) -> int:
         records = self._latest(directory)
-        done = 0
+        done = superseded = 0
         for rid, record in records:
             data = os.path.join(directory, rid + ".data")
             try:
                 with open(data, "rb") as f:
-                    stage(record["repo"], record["branch"], record["path"], f, record["mode"], record["mtime_ns"], record["meta"])
+                    written = stage(record["repo"], record["branch"], record["path"], f, record["mode"], record["mtime_ns"], record["meta"])
             except Exception as exc:  # noqa: BLE001 - kept, and tried again next round
                 log.error("mirrors: cannot stage %s of lost mount %s at %s@%s (tried again in %.0f s): %s",
                           record["path"], mount, record["repo"], record["branch"], LOOK_EVERY, exc)
@@ -270,9 +277,15 @@ class MirrorStore:
             for suffix in (".json", ".data"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(directory, rid + suffix))
-            done += 1
+            if written:
+                done += 1
+            else:
+                superseded += 1
+                log.info("mirrors: %s of lost mount %s not written: %s@%s holds a later version", record["path"], mount,
+                         record["repo"], record["branch"])
         with self._lock:
             self.promoted += done
+            self.superseded += superseded
         if not any(n.endswith(".json") for n in os.listdir(directory)):
             shutil.rmtree(directory, ignore_errors=True)
         if done:

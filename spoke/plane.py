@@ -554,9 +554,18 @@ class SpokePlane(DataPlane):
         self.staging.invalidate(repo, branch)
         return entry
 
-    def _stage_mirrored(self, repo: str, branch: str, path: str, data: BinaryIO, mode: int, mtime_ns: int, meta: Mapping[str, str]) -> None:
-        """A parked file of a mount that was lost (:mod:`spoke.mirrors`), queued here for the hub."""
+    def _stage_mirrored(self, repo: str, branch: str, path: str, data: BinaryIO, mode: int, mtime_ns: int, meta: Mapping[str, str]) -> bool:
+        """A parked file of a mount that was lost (:mod:`spoke.mirrors`), queued here for the
+        hub; False, and nothing written, when the branch holds a version of the path as new or
+        newer by its mtime (the mount staged a later version itself: both times are its clock's)."""
+        try:
+            current: Entry | None = self.stat(repo, branch, path)
+        except NotFound:
+            current = None
+        if current is not None and current.kind == FILE and current.mtime_ns >= mtime_ns:
+            return False
         self.put_object(repo, branch, path, data, mode, mtime_ns, meta, durability=LOCAL)
+        return True
 
     def _require_branch(self, repo: str, branch: str) -> None:
         commit, _ = self.tracker.ref(repo, "branch", branch)

@@ -10,6 +10,7 @@ the first spoke mounted, the second keeping the copies.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -90,17 +91,31 @@ def test_a_lost_mounts_newest_copy_of_each_path_is_staged_then_forgotten(tmp_pat
 
     def stage(repo, branch, path, f, mode, mtime_ns, meta):
         staged.append((repo, branch, path, f.read()))
+        return path != "c.bin"  # (the branch holds a later version of c.bin)
 
     _keep(store, RID, b"old version", _record("a.bin"))
     time.sleep(0.02)  # (records are ordered by when they were written)
     _keep(store, RID2, b"new version", _record("a.bin"))
     _keep(store, "3" * 32, b"renamed", _record("b.tmp"))
     store.rename(MOUNT, "alice", "3" * 32, _record("b.bin"))
+    _keep(store, "4" * 32, b"older than the branch's", _record("c.bin"))
     assert store.promote_lost(stage) == 0  # its lease is fresh
     time.sleep(0.6)
     assert store.promote_lost(stage) == 2
-    assert sorted(staged) == [("r", "main", "a.bin", b"new version"), ("r", "main", "b.bin", b"renamed")]
-    assert not os.path.exists(tmp_path / MOUNT) and store.stats()["mirrors_promoted"] == 2
+    assert sorted(staged) == [("r", "main", "a.bin", b"new version"), ("r", "main", "b.bin", b"renamed"),
+                              ("r", "main", "c.bin", b"older than the branch's")]
+    assert not os.path.exists(tmp_path / MOUNT)
+    assert store.stats()["mirrors_promoted"] == 2 and store.stats()["mirrors_superseded"] == 1
+
+
+def test_a_restarted_spoke_gives_every_mount_a_whole_takeover_to_renew(tmp_path):
+    store = MirrorStore(str(tmp_path), promote_after=0.5)
+    _keep(store, RID, b"data")
+    time.sleep(0.6)  # the lease ran out while the spoke was down
+    again = MirrorStore(str(tmp_path), promote_after=0.5)
+    assert again.promote_lost(lambda *args: True) == 0
+    time.sleep(0.6)
+    assert again.promote_lost(lambda *args: True) == 1
 
 
 def test_a_copy_that_cannot_be_staged_stays_for_the_next_round(tmp_path):
@@ -197,27 +212,33 @@ def test_fsync_leaves_a_copy_at_the_peer_which_is_dropped_once_staged(hub: Hub, 
 @pytest.mark.timeout(300)
 def test_losing_the_mounts_machine_after_fsync_loses_nothing(hub: Hub, tmp_path):
     """kill -9 of the mount and of the spoke beside it, and the write-dir deleted (the machine
-    lost) while a fsynced file was parked: the peer stages it once the lease runs out."""
+    lost) while fsynced files were parked: the peer stages them once the lease runs out, except
+    one whose path meanwhile got a later version at the hub."""
     repo = new_repo(hub)
     data = random_bytes(2 << 20, 62)
-    with pair(hub, tmp_path, takeover=3.0) as p:
+    with pair(hub, tmp_path, takeover=5.0) as p:
         mp = str(tmp_path / "mnt")
         with _mount_to_kill(p.a.url, p.token, repo, mp, _opts(tmp_path / "w")) as pid:
             os.makedirs(f"{mp}/ckpt")
             shard = _fsynced(f"{mp}/ckpt/shard.bin", data)
             meta = _fsynced(f"{mp}/ckpt/.metadata.tmp", b"step 1")  # DCP's last step
             os.rename(f"{mp}/ckpt/.metadata.tmp", f"{mp}/ckpt/.metadata")  # made on the mount alone; the peer hears
-            assert p.b.stats()["mirrors_files"] == 2
+            log = _fsynced(f"{mp}/train.log", b"old line\n")
+            assert p.b.stats()["mirrors_files"] == 3
             _kill_with_open(pid, shard)
-            with contextlib.suppress(OSError):  # (its mount is gone)
-                meta.close()
+            for f in (meta, log):
+                with contextlib.suppress(OSError):  # (its mount is gone)
+                    f.close()
             p.a.kill()
         shutil.rmtree(tmp_path / "w")
+        hub.plane().put_object(repo, "main", "train.log", io.BytesIO(b"newer, from elsewhere\n"))  # (its mtime: now)
         wait_for(lambda: p.b.stats()["mirrors_promoted"] == 2, timeout=30, interval=0.5)
         wait_for(lambda: p.b.stats()["writeback_pending"] == 0, timeout=60, interval=0.5)
+        assert p.b.stats()["mirrors_superseded"] == 1
     assert hub.plane().read(repo, "main", "ckpt/shard.bin") == data
     assert hub.plane().read(repo, "main", "ckpt/.metadata") == b"step 1"
     assert sorted(path for path, _ in hub.plane().list(repo, "main", "ckpt/").entries) == ["ckpt/.metadata", "ckpt/shard.bin"]
+    assert hub.plane().read(repo, "main", "train.log") == b"newer, from elsewhere\n"
 
 
 @needs_fuse
