@@ -15,7 +15,9 @@ its files are staged it drops their copies, and at a clean unmount with nothing 
 it ends the lease. A peer that has not heard from it for its ``--replica-takeover`` (30 s by
 default) stages the files itself. When the peer cannot take a copy (down, full, refusing),
 fsync stages the file inline at ``replicated`` instead, as without write-back: slower,
-never weaker.
+never weaker. While the peer does not answer, fsync does not try it (no connect timeout per
+fsync), and the mount asks its spoke for a peer again every :data:`RENEW_EVERY` seconds,
+taking another if it names one.
 """
 
 from __future__ import annotations
@@ -59,11 +61,17 @@ class MirrorFailed(Exception):
 class JournalMirror:
     """This mount's copies at one peer spoke."""
 
-    def __init__(self, peer: str, headers: Mapping[str, str], mount_id: str, timeouts: Timeouts = TIMEOUTS) -> None:
-        """``headers``: those of the mount's calls to its server (its token is good at the peer too)."""
-        self.peer = peer.rstrip("/")
+    def __init__(self, server: httpx.Client, peer: str, mount_id: str, timeouts: Timeouts = TIMEOUTS) -> None:
+        """``server``: the mount's client of its server's REST API, which named ``peer`` and
+        is asked again for another when that one stops answering (its token is good at the
+        peers too)."""
+        self._server = server
+        self._headers: Mapping[str, str] = {k: v for k, v in server.headers.items() if k.lower() == "authorization"}
+        self._timeouts = timeouts
         self.mount_id = mount_id
-        self._http = httpx.Client(base_url=f"{self.peer}{API}/{mount_id}", headers=headers, timeout=timeouts.as_httpx(slow=True))
+        self._connect(peer)
+        #: The peer failed: no copy is tried (fsync stages inline at once) until it answers again.
+        self._down = False
         self._senders = ThreadPoolExecutor(SENDERS, thread_name_prefix="fabric-mirror")
         self._drops: queue.Queue[str] = queue.Queue()
         self._stopped = threading.Event()
@@ -71,11 +79,20 @@ class JournalMirror:
         self.kept = 0  # copies the peer took
         self.kept_bytes = 0
         self.failed = 0  # copies it did not take (staged inline instead)
+        self.switched = 0  # times another peer was taken
 
-    @classmethod
-    def open(cls, server: httpx.Client, write_dir: str) -> JournalMirror:
-        """The mirror the server mounted names (``server``: the mount's client of its REST API,
-        a spoke's), for the mount of ``write_dir``; BadRequest when it cannot name one."""
+    def _connect(self, peer: str) -> None:
+        """Send copies to ``peer`` from now on (a copy under way to the one before fails)."""
+        old = getattr(self, "_http", None)
+        self.peer = peer.rstrip("/")
+        self._http = httpx.Client(base_url=f"{self.peer}{API}/{self.mount_id}", headers=self._headers,
+                                  timeout=self._timeouts.as_httpx(slow=True))
+        if old is not None:
+            old.close()
+
+    @staticmethod
+    def _ask_peer(server: httpx.Client) -> str:
+        """The peer the mounted server names; BadRequest when it names none."""
         try:
             response = server.get("/mirror/peer")
         except httpx.HTTPError as exc:
@@ -84,11 +101,17 @@ class JournalMirror:
             raise BadRequest("--writeback with --durability replicated needs a spoke in a group to mount "
                              "(a peer of it keeps a copy of each file before fsync returns); this server has no peers to offer")
         raise_for_error(response)
-        auth = {k: v for k, v in server.headers.items() if k.lower() == "authorization"}
-        mirror = cls(response.json()["peer"], auth, _mount_id(write_dir))
+        return str(response.json()["peer"])
+
+    @classmethod
+    def open(cls, server: httpx.Client, write_dir: str) -> JournalMirror:
+        """The mirror the server mounted names (``server``: the mount's client of its REST API,
+        a spoke's), for the mount of ``write_dir``; BadRequest when it cannot name one."""
+        mirror = cls(server, cls._ask_peer(server), _mount_id(write_dir))
         try:
             mirror.renew()  # (a token refused there is found now, not at the first fsync)
-        except Unavailable as exc:  # the mount serves; fsync stages inline until the peer answers
+        except Unavailable as exc:  # the mount serves; fsync stages inline until a peer answers
+            mirror._down = True
             log.warning("mirror: %s; fsync stages files inline while it does not", exc.message)
         mirror._renewer.start()
         return mirror
@@ -100,11 +123,16 @@ class JournalMirror:
 
     def keep(self, rid: str, record: dict[str, Any], fd: int, size: int) -> None:
         """Have the peer keep file ``rid`` (``size`` bytes of ``fd``) on its disk; MirrorFailed if it did not."""
+        if self._down:
+            self.failed += 1
+            raise MirrorFailed(f"the peer spoke {self.peer} is not answering")
         headers = {"X-Fabric-Record": _ascii_json(record), "Content-Length": str(size), "Content-Type": "application/octet-stream"}
         try:
             raise_for_error(self._http.put(f"/files/{rid}", content=_pieces(fd, size), headers=headers))
         except (httpx.HTTPError, FabricError) as exc:
             self.failed += 1
+            if not isinstance(exc, FabricError) or exc.status >= 500:
+                self._down = True  # (a full peer, 413, still takes the next, smaller file)
             raise MirrorFailed(f"{self.peer} did not keep a copy: {getattr(exc, 'message', None) or exc}") from None
         self.kept += 1
         self.kept_bytes += size
@@ -140,8 +168,32 @@ class JournalMirror:
             self._send_drops()
             try:
                 self.renew()
+                self._down = False
             except FabricError as exc:
-                log.warning("mirror: %s (fsync stages files inline while the peer takes no copies)", exc.message)
+                self._down = True
+                log.warning("mirror: %s (fsync stages files inline while no peer takes copies)", exc.message)
+                self._find_another()
+
+    def _find_another(self) -> None:
+        """Ask the mounted server for a peer again; take it if it names another. The copies at
+        the one before are its to stage if this mount is lost; the files they are copies of are
+        on this machine's disk alone until staged."""
+        try:
+            peer = self._ask_peer(self._server).rstrip("/")
+        except (httpx.HTTPError, FabricError):
+            return
+        if peer == self.peer:
+            return
+        log.warning("mirror: copies go to %s from now on, instead of %s", peer, self.peer)
+        while not self._drops.empty():  # (the copies there are not this peer's to drop)
+            self._drops.get_nowait()
+        self._connect(peer)
+        self.switched += 1
+        try:
+            self.renew()
+            self._down = False
+        except FabricError:
+            pass
 
     def _send_drops(self) -> None:
         while True:
@@ -176,7 +228,8 @@ class JournalMirror:
         self._http.close()
 
     def snapshot(self) -> dict[str, Any]:
-        return {"peer": self.peer, "kept": self.kept, "kept_bytes": self.kept_bytes, "failed": self.failed}
+        return {"peer": self.peer, "down": self._down, "kept": self.kept, "kept_bytes": self.kept_bytes,
+                "failed": self.failed, "switched": self.switched}
 
 
 def _pieces(fd: int, size: int) -> Iterator[bytes]:

@@ -20,12 +20,13 @@ import httpx
 import pytest
 
 from fabric.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
+from fabric.util.net import free_port
 from spoke.mirrors import MirrorStore
-from tests.fuse_helpers import fabric, mounted, needs_fuse
+from tests.fuse_helpers import fabric, mount_stats, mounted, needs_fuse
 from tests.hubserver import Hub, unique_name
-from tests.spokeserver import random_bytes, wait_for
+from tests.spokeserver import random_bytes, start_spoke, wait_for
 from tests.test_fuse_writeback import _kill_with_open, _mount_to_kill
-from tests.test_spoke_replicated import new_repo, pair
+from tests.test_spoke_replicated import new_repo, pair, spoke_token
 
 MOUNT, OTHER = "a" * 32, "b" * 32
 RID, RID2 = "1" * 32, "2" * 32
@@ -285,3 +286,32 @@ def test_writeback_at_replicated_needs_a_spoke_in_a_group(hub: Hub, tmp_path):
     refused = fabric("mount", hub.url, f"{repo}@main", str(mp), *_opts(tmp_path / "w"), token=hub.token, check=False)
     assert refused.returncode != 0 and "needs a spoke in a group" in refused.stderr, refused.stderr
     assert not os.path.ismount(mp)
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_a_mount_whose_peer_dies_stages_inline_then_takes_another_peer(hub: Hub, tmp_path):
+    """Three spokes in a group: the mount's peer is killed; the next fsync stages inline (at
+    replicated, which the spoke copies to the third), and the mount takes the third as its
+    peer for the fsyncs after it."""
+    repo = new_repo(hub)
+    token = spoke_token(hub)
+    ports = [free_port() for _ in range(3)]
+    peers = ",".join(f"http://127.0.0.1:{port}" for port in ports)
+    with contextlib.ExitStack() as stack:
+        spokes = {f"http://127.0.0.1:{port}": stack.enter_context(
+            start_spoke(hub.url, tmp_path / f"s{port}", "256MiB", token=token, port=port,
+                        args=["--peers", peers, "--advertise", f"http://127.0.0.1:{port}"])) for port in ports}
+        mounted_spoke = spokes[f"http://127.0.0.1:{ports[0]}"]
+        with mounted(mounted_spoke.url, token, f"{repo}@main", tmp_path / "mnt", *_opts(tmp_path / "w")) as mnt:
+            first = spokes[mount_stats(mnt, "writeback")["mirror"]["peer"]]
+            [other] = [s for url, s in spokes.items() if s not in (mounted_spoke, first)]
+            first.kill()
+            _fsynced(f"{mnt}/second.bin", b"2" * 1000).close()  # staged inline: the peer does not answer
+            taken = mount_stats(mnt, "writeback", until=lambda s: s["mirror"]["switched"] == 1)["mirror"]
+            assert taken["peer"] == other.url and taken["failed"] >= 1
+            with _fsynced(f"{mnt}/third.bin", b"3" * 1000):
+                assert other.stats()["mirrors_files"] == 1  # the copy went to the peer it took
+        wait_for(lambda: mounted_spoke.stats()["writeback_pending"] == 0, timeout=60, interval=0.5)
+        for name, byte in (("second.bin", b"2"), ("third.bin", b"3")):
+            assert hub.plane().read(repo, "main", name) == byte * 1000
