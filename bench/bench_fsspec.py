@@ -27,6 +27,15 @@ the ratios to ``local`` and ``s3fs`` taken round by round.
     python bench/bench_fsspec.py                      # 8 x 64 MiB, 5 rounds, ~2 minutes
     python bench/bench_fsspec.py --files 4 --mib 256 --rounds 3 --json-out r.json --md-out r.md
     python bench/bench_fsspec.py --rtt-ms 50 --rate-mbit 1000 --readers fabric,s3fs
+
+With ``--writes``, it times saves instead (what ``copies=DIR`` costs a writer): each round,
+fresh incompressible files (made before the clock starts, in the page cache) are written
+through ``fabric://`` to a new directory of a branch at the spoke, 8 MiB ``write`` calls,
+``close`` returning once the spoke holds the file (``--durability local``): ``fabric``
+plain, ``fabric-copies`` with ``copies=DIR`` (each file also written to a local copy), and
+``local`` (the same writes to a local directory, each file fsynced before its close).
+
+    python bench/bench_fsspec.py --writes --files 4 --mib 64 --rounds 5
 """
 
 from __future__ import annotations
@@ -77,6 +86,33 @@ print(json.dumps({"bytes": n, "s": time.perf_counter() - t, "sha256": digest.hex
 """
 
 
+#: The writer: copies each source file to its destination with the given file system, in
+#: ``read``-byte calls; prints bytes and seconds. argv: kind, JSON settings.
+WRITER = r"""
+import json, os, sys, time
+kind, cfg = sys.argv[1], json.loads(sys.argv[2])
+if kind != "local":
+    import fsspec
+    copies = {"copies": cfg["copies"]} if kind == "fabric-copies" else {}
+    fs = fsspec.filesystem("fabric", server=cfg["spoke"], token=cfg["token"], skip_instance_cache=True, **copies)
+n, t = 0, time.perf_counter()
+for src, dst in cfg["pairs"]:
+    with open(src, "rb") as s, (open(dst, "wb") if kind == "local" else fs.open(dst, "wb")) as d:
+        while piece := s.read(cfg["read"]):
+            d.write(piece)
+            n += len(piece)
+        if kind == "local":
+            d.flush()
+            os.fsync(d.fileno())
+s = time.perf_counter() - t
+if kind == "fabric-copies":
+    from fabric.client.copies import seeder
+    seeder(cfg["copies"], 0).close()  # (every copy placed: after the clock, as a job's next step would not wait)
+print(json.dumps({"bytes": n, "s": s}))
+"""
+WRITERS = ("fabric", "fabric-copies", "local")
+
+
 def make_files(root: str, files: int, mib: int, seed: int) -> list[str]:
     rnd = random.Random(seed)
     os.makedirs(root, exist_ok=True)
@@ -104,6 +140,46 @@ def seed_copies(server: str, token: str, local: list[str], copies: str) -> None:
             while piece := src.read(READ):
                 dst.write(piece)
     seeder(copies, 0).close()  # (every copy placed)
+
+
+def write_rounds(args: argparse.Namespace, work: str, spoke: str, token: str, hub) -> list[dict]:  # noqa: ANN001 - bench_checkpoint.Hub
+    """``--writes``: each round, each writer saves fresh files; their MB/s."""
+    hub.create_repo("saves")
+    cfg = {"spoke": spoke, "token": token, "read": READ, "copies": os.path.join(work, "copies")}
+    rounds = []
+    for rnd in range(args.rounds):
+        order = WRITERS[rnd % len(WRITERS):] + WRITERS[: rnd % len(WRITERS)]
+        row = {}
+        for kind in order:
+            sources = make_files(os.path.join(work, "src"), args.files, args.mib, args.seed * 1000 + rnd * 10 + WRITERS.index(kind))
+            names = [os.path.basename(p) for p in sources]
+            if kind == "local":
+                os.makedirs(os.path.join(work, "saved", str(rnd)), exist_ok=True)
+                pairs = [(p, os.path.join(work, "saved", str(rnd), n)) for p, n in zip(sources, names, strict=True)]
+            else:
+                pairs = [(p, f"saves@main/{kind}/{rnd}/{n}") for p, n in zip(sources, names, strict=True)]
+            out = subprocess.run([args.python, "-c", WRITER, kind, json.dumps(dict(cfg, pairs=pairs))],
+                                 capture_output=True, text=True, env=fabric_env(), check=False)
+            if out.returncode != 0:
+                raise SystemExit(f"{kind} writer failed: {out.stderr[-2000:]}")
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            got["mbps"] = got["bytes"] / got["s"] / 1e6
+            row[kind] = got
+        rounds.append(row)
+        print(f"round {rnd + 1}: " + ", ".join(f"{k} {row[k]['mbps']:.0f} MB/s" for k in WRITERS), flush=True)
+    return rounds
+
+
+def write_report(args: argparse.Namespace, rounds: list[dict]) -> str:
+    lines = [f"{args.files} x {args.mib} MiB incompressible files saved to a spoke on loopback through `fabric://` "
+             f"(close: the spoke holds it); {len(rounds)} rounds, writers' order rotating; medians.", "",
+             "| writer | MB/s | x fabric, per round | x local, per round |", "|---|---:|---|---|"]
+    for kind in WRITERS:
+        def per_round(peer: str, kind: str = kind) -> str:
+            return "-" if kind == peer else ", ".join(f"{r[kind]['mbps'] / r[peer]['mbps']:.2f}" for r in rounds)
+
+        lines.append(f"| {kind} | {median([r[kind]['mbps'] for r in rounds]):,.0f} | {per_round('fabric')} | {per_round('local')} |")
+    return "\n".join(lines) + "\n"
 
 
 def sha256_of(paths: list[str]) -> str:
@@ -155,6 +231,7 @@ def main() -> None:
     ap.add_argument("--keep-page-cache", action="store_true", help="do not drop the page cache before each read")
     ap.add_argument("--rtt-ms", type=float, default=0.0, help="a WAN link of this RTT between the readers and the spoke (default none)")
     ap.add_argument("--rate-mbit", type=float, default=1000.0, help="the link's rate each way, with --rtt-ms")
+    ap.add_argument("--writes", action="store_true", help="time saves through fabric:// with and without copies=DIR instead of reads")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--s3tools", default=os.path.join(REPO_ROOT, ".venv-s3tools"), help="a venv with s3fs (make test builds it)")
     ap.add_argument("--work", default=None, help="working directory (default: a new temporary one)")
@@ -176,11 +253,19 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         if not args.work:
             stack.callback(remove, work)
-        local = make_files(os.path.join(work, "data"), args.files, args.mib, args.seed)
-        expected = sha256_of(local)
         hub_proc, hub_url, _, token = start_hub(work, args.python)
         stack.callback(stop_process, hub_proc)
         hub = Hub(hub_url, token)
+        if args.writes:
+            spoke_proc, spoke_url, _ = start_spoke(work, args.python, hub_url, token)
+            stack.callback(stop_process, spoke_proc)
+            rounds = write_rounds(args, work, spoke_url, token, hub)
+            text = write_report(args, rounds)
+            print(text)
+            save_report(text, {"machine": machine(), "args": vars(args), "rounds": rounds}, args.json_out, args.md_out)
+            return
+        local = make_files(os.path.join(work, "data"), args.files, args.mib, args.seed)
+        expected = sha256_of(local)
         hub.create_repo("data")
         subprocess.run([*fabric_cmd(args.python), "--server", hub_url, "--token", token, "-q", "import", os.path.join(work, "data"),
                         "data@main", "-m", "bench fsspec"], check=True, env=fabric_env(), capture_output=True)
