@@ -212,8 +212,8 @@ def test_fsync_leaves_a_copy_at_the_peer_which_is_dropped_once_staged(hub: Hub, 
 @needs_fuse
 @pytest.mark.timeout(300)
 def test_losing_the_mounts_machine_after_fsync_loses_nothing(hub: Hub, tmp_path):
-    """kill -9 of the mount and of the spoke beside it, and the write-dir deleted (the machine
-    lost) while fsynced files were parked: the peer stages them once the lease runs out, except
+    """kill -9 of the mount and of the spoke beside it, and the write-dir and the spoke's cache
+    deleted (the machine lost) while fsynced files were parked: the peer stages them once the lease runs out, except
     one whose path meanwhile got a later version at the hub."""
     repo = new_repo(hub)
     data = random_bytes(2 << 20, 62)
@@ -232,6 +232,7 @@ def test_losing_the_mounts_machine_after_fsync_loses_nothing(hub: Hub, tmp_path)
                     f.close()
             p.a.kill()
         shutil.rmtree(tmp_path / "w")
+        shutil.rmtree(p.a.cache)  # (the machine's disk is gone: the mounted spoke's cache with it)
         hub.plane().put_object(repo, "main", "train.log", io.BytesIO(b"newer, from elsewhere\n"))  # (its mtime: now)
         wait_for(lambda: p.b.stats()["mirrors_promoted"] == 2, timeout=30, interval=0.5)
         wait_for(lambda: p.b.stats()["writeback_pending"] == 0, timeout=60, interval=0.5)
