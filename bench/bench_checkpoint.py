@@ -69,7 +69,10 @@ fabric-local through a read-only mount of the checkpoint's commit on the spoke
 that wrote it (warm) and on a third spoke in no group (cold: over the WAN);
 fabric-writeback, whose mount runs with ``--seed-copies DIR``, through a
 ``--passthrough`` mount of the commit with ``--cache-dir DIR`` (a restore on the
-machine that saved it: the kernel reads the copies the writer left).
+machine that saved it: the kernel reads the copies the writer left). With
+``--spoke-seed-copies`` the spoke runs with ``--seed-copies DIR`` and fabric-local
+is also restored through a ``--passthrough`` mount with ``--copies-dir DIR``
+(a restore beside the warm spoke: the kernel reads the copies the spoke left).
 
 After each round the checkpoint is committed at the hub and every file read
 back from that commit (or, for local-disk, from the directory) and compared by
@@ -310,6 +313,7 @@ class Env:
     wan_s3: WanProxy  # in front of the hub's S3 port: rclone's link
     rate_mbit: float
     rclone_write_back: str
+    spoke_seeds: str | None = None  # --spoke-seed-copies: the spoke's --seed-copies DIR
 
 
 class System:
@@ -422,9 +426,13 @@ class FabricMount(System):
         if self.name != "fabric-local":
             return {}
         beside = ["--spoke-cache", os.path.join(self.env.work, "spoke")]
-        return {key: self._restore_through(url, verified, directory, ckpt, extra)
-                for key, url, extra in (("restore_warm_s", self.env.spoke_url, []), ("restore_warm_files_s", self.env.spoke_url, beside),
-                                        ("restore_cold_s", self.env.cold_spoke_url, []))}
+        ways = []
+        if self.env.spoke_seeds:  # (a passthrough mount beside the spoke, over the copies it left)
+            ways.append(("restore_spoke_seeded_s", self.env.spoke_url,
+                         ["--passthrough", "--cache-dir", f"{self.root}-ro-cache", "--copies-dir", self.env.spoke_seeds]))
+        ways += [("restore_warm_s", self.env.spoke_url, []), ("restore_warm_files_s", self.env.spoke_url, beside),
+                 ("restore_cold_s", self.env.cold_spoke_url, [])]
+        return {key: self._restore_through(url, verified, directory, ckpt, extra) for key, url, extra in ways}
 
     def _restore_through(self, url: str, commit: str, directory: str, ckpt: Checkpoint, extra: list[str],
                          scrubbed: bool = False) -> float:
@@ -625,9 +633,11 @@ def servers(args: argparse.Namespace, work: str) -> Iterator[Env]:
         ports = [free_port(), free_port()]
         peers = ",".join(f"http://127.0.0.1:{p}" for p in ports)
         spoke = None
+        seeds = os.path.join(work, "spoke-seeds") if args.spoke_seed_copies else None
         for name, port in zip(("spoke", "peer-spoke"), ports, strict=True):
             started = start_spoke(work, args.python, links[0].url_for(), token, name, port,
-                                  ["--peers", peers, "--advertise", f"http://127.0.0.1:{port}"])
+                                  ["--peers", peers, "--advertise", f"http://127.0.0.1:{port}",
+                                   *(["--seed-copies", seeds] if seeds and name == "spoke" else [])])
             if started is None:
                 raise SystemExit("this build's `fabric spoke` has no --s3-listen; bench_s3.start_spoke cannot start it")
             stack.callback(stop_process, started[0])
@@ -636,7 +646,7 @@ def servers(args: argparse.Namespace, work: str) -> Iterator[Env]:
         cold = start_spoke(work, args.python, links[0].url_for(), token, "cold-spoke")
         stack.callback(stop_process, cold[0])
         yield Env(args.python, work, hub, hub_s3, spoke[1], cold[1], token, hub.s3_keys(), links[0], links[1], args.rate_mbit,
-                  args.rclone_write_back)
+                  args.rclone_write_back, seeds)
 
 
 def make_systems(env: Env, only: list[str] | None) -> list[System]:
@@ -708,12 +718,14 @@ ROWS = (("stall_s", "stall", "s"), ("at_hub_s", "at hub", "s"), ("stall_mb_s", "
         ("restore_warm_s", "restore: warm spoke (local-disk: from disk)", "s"),
         ("restore_warm_files_s", "restore: warm spoke, the mount reading its cache files", "s"),
         ("restore_cold_s", "restore: cold spoke (over the WAN)", "s"),
+        ("restore_spoke_seeded_s", "restore: beside the spoke, `--passthrough` over the spoke's `--seed-copies` (with --spoke-seed-copies)", "s"),
         ("restore_seeded_s", "restore: the writer's machine, `--passthrough` over its `--seed-copies` (fabric-writeback)", "s"),
         ("restore_seeded_scrubbed_s", "restore: the same, the mount up until its scrub has checked the copies (fabric-writeback)", "s"),
         ("restore_seeded_trusted_s", "restore: the same, `--no-passthrough-check` (fabric-writeback)", "s"))
 SEEDED_ROWS = ("restore_seeded_s", "restore_seeded_scrubbed_s", "restore_seeded_trusted_s")
 #: The local disk's restore is the reference of every restore row.
-LOCAL_REFERENCE = {"restore_warm_files_s": "restore_warm_s", "restore_cold_s": "restore_warm_s"} | dict.fromkeys(SEEDED_ROWS, "restore_warm_s")
+LOCAL_REFERENCE = ({"restore_warm_files_s": "restore_warm_s", "restore_cold_s": "restore_warm_s", "restore_spoke_seeded_s": "restore_warm_s"}
+                   | dict.fromkeys(SEEDED_ROWS, "restore_warm_s"))
 #: The system a row's ratios are of (fabric-local where not named).
 RATIO_OF = dict.fromkeys(SEEDED_ROWS, "fabric-writeback")
 
@@ -813,6 +825,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--changed-tensors", type=int, default=2,
                     help=f"dedup rounds: tensors of each shard's {TENSORS} that a frozen-backbone step changes (default 2; 0 skips the dedup rounds)")
     ap.add_argument("--only", choices=SYSTEMS, action="append", help="measure only these systems (repeatable)")
+    ap.add_argument("--spoke-seed-copies", action="store_true",
+                    help="the spoke keeps plain copies of the files written through it (`--seed-copies`); fabric-local's restore "
+                         "adds a `--passthrough` mount beside it over them (its background copies cost the spoke CPU and disk)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--work", default=os.path.join(HERE, "work", "stores"))
     ap.add_argument("--keep-work", action="store_true", help="keep the work directory (stores, logs) after a good run")

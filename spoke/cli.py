@@ -126,6 +126,16 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
     "for at most SECONDS, then fails with 'insufficient storage' (507; ENOSPC in a mount). 0: fail at once (fail-fast).",
 )
 @click.option(
+    "--seed-copies",
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Leave a plain copy of each file of 1 MiB or more written through this spoke in DIR (assembled in the background "
+    "out of its chunks), so that `fabric mount --passthrough --copies-dir DIR` on this machine reads it at the local "
+    "disk's speed: a checkpoint saved through this spoke is restored beside it as from a local disk.",
+)
+@click.option("--seed-copies-size", default="5GiB", show_default=True, metavar="SIZE",
+              help="The most bytes of copies --seed-copies keeps (the least recently opened go first).")
+@click.option(
     "--mirror-capacity",
     default="8GiB",
     show_default=True,
@@ -167,6 +177,8 @@ def spoke(
     full_wait: float,
     replica_takeover: float,
     mirror_capacity: str,
+    seed_copies: str | None,
+    seed_copies_size: str,
     no_auth: bool,
     tls_cert: str | None,
     tls_key: str | None,
@@ -223,6 +235,8 @@ def spoke(
         full_wait=full_wait,
         replica_takeover=replica_takeover,
         mirror_capacity=parse_size(mirror_capacity),
+        seed_copies=seed_copies,
+        seed_copies_size=parse_size(seed_copies_size),
         peer_timeouts=Timeouts(connect=min(1.0, peer_timeout), read=peer_timeout, write=peer_timeout, pool=peer_timeout, slow=peer_timeout),
     )
     auth = keys = None

@@ -54,6 +54,7 @@ from .peers import PEER_TIMEOUTS, GroupFetch
 from .remember import Remembered
 from .replicas import PROMOTE_AFTER, open_replicas
 from .replication import Replication
+from .seeds import SpokeSeeds
 from .state import SpokeState
 from .topup import top_up_ids
 from .traffic import PUSH, CountingTransport, Traffic
@@ -61,6 +62,8 @@ from .workload import WorkloadStore
 from .writeback import UPLOAD_HOLD, open_writeback
 
 HUB = "hub"
+#: The default budget of --seed-copies.
+SEED_COPIES_SIZE = 5 * 1024**3
 LOCAL = "local"
 #: Local, and a copy at one peer spoke of the group (:mod:`spoke.replication`).
 REPLICATED = "replicated"
@@ -135,6 +138,8 @@ class SpokePlane(DataPlane):
         full_wait: float = FULL_WAIT,
         replica_takeover: float = PROMOTE_AFTER,
         mirror_capacity: int = MIRROR_CAPACITY,
+        seed_copies: str | None = None,
+        seed_copies_size: int = SEED_COPIES_SIZE,
     ) -> None:
         """``group``: join this spoke group at the hub; ``peers``: a fixed group of these
         spokes instead; either needs ``advertise``, the URL the other members reach this
@@ -152,7 +157,10 @@ class SpokePlane(DataPlane):
         ``replica_takeover``: how long the origin of copies kept here (:mod:`spoke.replicas`), or a
         mount whose parked files are kept here (:mod:`spoke.mirrors`), may be silent before this
         spoke pushes its writes to the hub. ``mirror_capacity``: the most bytes of such mounts'
-        files kept here at once (beyond, a mount stages its file inline)."""
+        files kept here at once (beyond, a mount stages its file inline). ``seed_copies``: a
+        directory where plain copies of the files written here are left, within
+        ``seed_copies_size`` bytes, for ``--passthrough`` mounts beside this spoke
+        (:mod:`spoke.seeds`)."""
         if not 0 <= prefetch_share <= 1:
             raise BadRequest(f"the prefetch share is a fraction of the fetch workers, 0 to 1, not {prefetch_share}")
         if durability not in (HUB, *QUEUED):
@@ -210,6 +218,9 @@ class SpokePlane(DataPlane):
             memory=memory_cache,
         )
         self.reader = Reader(self.meta, self.trees, self.fetcher.read)
+        #: Plain copies of the files written here, for passthrough mounts beside it (--seed-copies).
+        self.seeds = (SpokeSeeds(seed_copies, seed_copies_size, self.reader.read_entry, self._holds_every_chunk)
+                      if seed_copies else None)
         self.hinted = HintedEntries()  # a job's next epoch hints the same files
         window = default_window(self.chunk_cache.budget) if hint_window is None else hint_window
         if not 0 <= window <= self.chunk_cache.budget // 2:
@@ -254,6 +265,8 @@ class SpokePlane(DataPlane):
         self.writeback.stop()
         self.replicas.stop()
         self.mirrors.stop()
+        if self.seeds is not None:
+            self.seeds.close()
         self.lookahead.stop()
         self.learned.close()
         self.fetcher.stop()
@@ -517,6 +530,17 @@ class SpokePlane(DataPlane):
             assert self.replication is not None
             self.replication.send_entries(repo, branch, changes)
         self.writeback.enqueue(repo, branch, changes)
+        self._written(changes)
+
+    def _holds_every_chunk(self, entry: Entry) -> bool:
+        """Whether this spoke's cache holds every chunk of a file entry (its list inline)."""
+        ids = stored_ids(entry.chunks)
+        return bool(entry.chunks) and all(cid in self.chunk_cache for cid in ids)
+
+    def _written(self, changes: Mapping[str, Entry | None]) -> None:
+        """Files were written through this spoke (queued or staged at the hub)."""
+        if self.seeds is not None:
+            self.seeds.written(changes)
 
     def put_object(
         self,
@@ -546,6 +570,7 @@ class SpokePlane(DataPlane):
                 sink.close()
                 entry = file_entry(chunks, md5, mode, mtime_ns if mtime_ns is not None else time.time_ns(), meta)
                 self.upstream.stage(repo, branch, {path: entry})
+            self._written({path: entry})
         except Unavailable as exc:
             raise Unavailable(
                 f"the hub is unreachable and this write asked for hub durability ({exc.message}); "
@@ -615,6 +640,7 @@ class SpokePlane(DataPlane):
             return None
         seq = self.upstream.stage(repo, branch, changes, HUB)
         self.staging.add_own(repo, branch, changes, seq)
+        self._written(changes)
         return seq
 
     def _hold_chunks(self, repo: str, branch: str, changes: Mapping[str, Entry | None]) -> None:
@@ -842,6 +868,7 @@ class SpokePlane(DataPlane):
             **self.writeback.stats(),
             **self.replicas.stats(),
             **self.mirrors.stats(),
+            **(self.seeds.stats() if self.seeds is not None else {}),
             "replication_copied_bytes": self.replication.copied_bytes if self.replication is not None else 0,
             "watch_stream_live": self.tracker.live(),
             "watch_events": self.tracker.events,
