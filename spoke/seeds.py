@@ -59,7 +59,12 @@ class SpokeSeeds:
                     self.skipped += 1
                     continue
                 self._waiting += 1
-            self._pool.submit(self._assemble, entry)
+            try:
+                self._pool.submit(self._assemble, entry)
+            except RuntimeError:  # (the spoke is stopping)
+                with self._lock:
+                    self._waiting -= 1
+                return
 
     def _assemble(self, entry: Entry) -> None:
         try:
