@@ -135,19 +135,25 @@ def start_hub(
 ) -> Iterator[Hub]:
     data = str(data)
     os.makedirs(os.path.dirname(os.path.abspath(data)), exist_ok=True)
-    port = free_port()
-    log_path = os.path.abspath(data).rstrip("/") + f".{port}.log"
-    argv = [sys.executable, "-m", "fabric.cli.main", "hub", "--data", data, "--listen", f"127.0.0.1:{port}"]
-    if db:
-        argv += ["--db", db]
-    if no_auth:
-        argv.append("--no-auth")
-    argv += list(args)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=hub_env(env), cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
+    for attempt in range(3):  # (a port picked free may be taken before the hub listens on it)
+        port = free_port()
+        log_path = os.path.abspath(data).rstrip("/") + f".{port}.log"
+        argv = [sys.executable, "-m", "fabric.cli.main", "hub", "--data", data, "--listen", f"127.0.0.1:{port}"]
+        if db:
+            argv += ["--db", db]
+        if no_auth:
+            argv.append("--no-auth")
+        argv += list(args)
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=hub_env(env), cwd=ROOT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(url, proc, log_path)
+            break
+        except PortTaken:
+            if attempt == 2:
+                raise
     try:
-        _wait_healthy(url, proc, log_path)
         token_file = Path(data) / "admin.token"
         token = token_file.read_text().strip() if token_file.exists() else None
         yield Hub(url, token, data, proc, log_path, db)
@@ -166,15 +172,53 @@ def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         proc.wait(timeout)
 
 
+class PortTaken(RuntimeError):
+    """The server could not listen on its port: another process took it after it was picked."""
+
+
+def exited_before_healthy(what: str, proc: subprocess.Popen, log_path: str) -> RuntimeError:
+    """The error for a server that exited while starting (PortTaken when its port was taken)."""
+    with open(log_path, "rb") as f:
+        tail = f.read()[-4000:].decode("utf-8", "replace")
+    kind = PortTaken if "address already in use" in tail.lower() else RuntimeError
+    return kind(f"the {what} exited with code {proc.returncode} before it was healthy:\n{tail}")
+
+
+def listens_on(proc: subprocess.Popen, url: str) -> bool:
+    """Whether ``proc`` itself holds the listening socket of ``url``'s port: a server started
+    on a port picked free may find another test's server there, answering in its place."""
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # (LISTEN)
+                inodes.add(f"socket:[{fields[9]}]")
+    try:
+        fds = os.listdir(f"/proc/{proc.pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{proc.pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _wait_healthy(url: str, proc: subprocess.Popen, log_path: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            with open(log_path, "rb") as f:
-                tail = f.read()[-4000:].decode("utf-8", "replace")
-            raise RuntimeError(f"the hub exited with code {proc.returncode} before it was healthy:\n{tail}")
+            raise exited_before_healthy("hub", proc, log_path)
         try:
-            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200 and listens_on(proc, url):
                 return
         except httpx.TransportError:
             pass

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from fabric.util.net import free_port
-from tests.hubserver import ROOT, hub_env, stop, unique_name
+from tests.hubserver import ROOT, PortTaken, exited_before_healthy, hub_env, listens_on, stop, unique_name
 
 START_TIMEOUT = 60.0
 
@@ -199,13 +199,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log_path: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            with open(log_path, "rb") as f:
-                tail = f.read()[-4000:].decode("utf-8", "replace")
-            raise RuntimeError(
-                f"the spoke exited with code {proc.returncode} before it was healthy:\n{tail}"
-            )
+            raise exited_before_healthy("spoke", proc, log_path)
         try:
-            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+            if httpx.get(url + "/healthz", timeout=1.0).status_code == 200 and listens_on(proc, url):
                 return
         except httpx.TransportError:
             pass
@@ -299,15 +295,16 @@ class RestartableHub:
 def start_restartable_hub(data: str | os.PathLike[str]) -> Iterator[RestartableHub]:
     data = str(data)
     os.makedirs(os.path.dirname(os.path.abspath(data)), exist_ok=True)
-    port = free_port()
-    hub = RestartableHub(
-        f"http://127.0.0.1:{port}",
-        data,
-        port,
-        os.path.abspath(data).rstrip("/") + f".{port}.log",
-    )
+    for attempt in range(3):  # (a port picked free may be taken before the hub listens on it)
+        port = free_port()
+        hub = RestartableHub(f"http://127.0.0.1:{port}", data, port, os.path.abspath(data).rstrip("/") + f".{port}.log")
+        try:
+            hub.start()
+            break
+        except PortTaken:
+            if attempt == 2:
+                raise
     try:
-        hub.start()
         yield hub
     finally:
         hub.stop()
