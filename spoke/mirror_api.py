@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from fabric.api.routing import BoundedJsonRoute, read_json
 from fabric.auth.principal import Principal
 from fabric.errors import BadRequest, Unavailable
+from fabric.util.fileio import pwrite_all
 
 from .mirrors import MirrorStore, check_record
 from .replication import Replication
@@ -116,7 +117,7 @@ async def _receive(request: Request, path: str, size: int) -> int:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         parts: list[bytes] = []
-        held = written = 0
+        held = written = offset = 0  # (bytes pending, received, on disk)
         async for part in request.stream():
             written += len(part)
             if written > size:
@@ -125,22 +126,10 @@ async def _receive(request: Request, path: str, size: int) -> int:
             held += len(part)
             if held >= WRITE_BLOCK:
                 full, parts, held = parts, [], 0
-                await anyio.to_thread.run_sync(_write_all, fd, full)
+                offset = await anyio.to_thread.run_sync(pwrite_all, fd, full, offset)
         if parts:
-            await anyio.to_thread.run_sync(_write_all, fd, parts)
+            await anyio.to_thread.run_sync(pwrite_all, fd, parts, offset)
         await anyio.to_thread.run_sync(os.fdatasync, fd)
         return written
     finally:
         os.close(fd)
-
-
-def _write_all(fd: int, parts: list[bytes]) -> None:
-    """Write ``parts`` in order (no joining copy)."""
-    views = [memoryview(p) for p in parts if p]
-    while views:
-        done = os.writev(fd, views)
-        while views and done >= len(views[0]):
-            done -= len(views[0])
-            views.pop(0)
-        if done:
-            views[0] = views[0][done:]

@@ -109,7 +109,7 @@ class MirrorStore:
             raise BadRequest("a mirrored file needs its size (Content-Length)")
         directory = self._claim(mount, owner)
         with self._lock:
-            held = self._held_bytes() + self._reserved
+            held = self._usage()[1] + self._reserved
             if held + size > self.capacity:
                 raise PayloadTooLarge(f"this spoke keeps at most {self.capacity} bytes of parked files for mounts, "
                                       f"{held} are taken: stage the file instead")
@@ -151,13 +151,7 @@ class MirrorStore:
     def drop(self, mount: str, owner: str, rid: str) -> bool:
         """Forget file ``rid`` (staged by its mount, or replaced); whether it was here."""
         check_id(rid, "a mirrored file's id")
-        directory = self._owned(mount, owner)
-        found = False
-        for suffix in (".json", ".data"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(directory, rid + suffix))
-                found = True
-        return found
+        return _forget(self._owned(mount, owner), rid)
 
     def renew(self, mount: str, owner: str) -> None:
         """The mount is alive: its files stay here, unstaged."""
@@ -170,25 +164,24 @@ class MirrorStore:
     # -- state ---------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"mirrors_mounts": len(self._mounts()), "mirrors_files": sum(1 for _ in self._files()),
-                    "mirrors_bytes": self._held_bytes(), "mirrors_promoted": self.promoted, "mirrors_superseded": self.superseded}
+            files, held = self._usage()
+            return {"mirrors_mounts": len(self._mounts()), "mirrors_files": files, "mirrors_bytes": held,
+                    "mirrors_promoted": self.promoted, "mirrors_superseded": self.superseded}
 
     def _mounts(self) -> list[str]:
         return [m for m in os.listdir(self.dir) if _ID.match(m)]
 
-    def _files(self):  # noqa: ANN202 - Iterator[str], the paths of the complete copies' data
+    def _usage(self) -> tuple[int, int]:
+        """The complete copies kept here: how many, and their bytes (one walk of the directory)."""
+        files = held = 0
         for mount in self._mounts():
             with contextlib.suppress(FileNotFoundError):
-                for name in os.listdir(os.path.join(self.dir, mount)):
-                    if name.endswith(".data"):
-                        yield os.path.join(self.dir, mount, name)
-
-    def _held_bytes(self) -> int:
-        total = 0
-        for path in self._files():
-            with contextlib.suppress(FileNotFoundError):
-                total += os.stat(path).st_size
-        return total
+                for entry in os.scandir(os.path.join(self.dir, mount)):
+                    if entry.name.endswith(".data"):
+                        with contextlib.suppress(FileNotFoundError):
+                            held += entry.stat().st_size
+                            files += 1
+        return files, held
 
     def _claim(self, mount: str, owner: str) -> str:
         """The directory of ``mount``, made for ``owner`` if new."""
@@ -274,9 +267,7 @@ class MirrorStore:
                 log.error("mirrors: cannot stage %s of lost mount %s at %s@%s (tried again in %.0f s): %s",
                           record["path"], mount, record["repo"], record["branch"], LOOK_EVERY, exc)
                 continue
-            for suffix in (".json", ".data"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(directory, rid + suffix))
+            _forget(directory, rid)
             if written:
                 done += 1
             else:
@@ -313,8 +304,16 @@ class MirrorStore:
             key = (record["repo"], record["branch"], record["path"])
             older = latest.pop(key, None)
             if older is not None:
-                for suffix in (".json", ".data"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(directory, older[0] + suffix))
+                _forget(directory, older[0])
             latest[key] = (rid, record)
         return list(latest.values())
+
+
+def _forget(directory: str, rid: str) -> bool:
+    """Remove copy ``rid`` (its record first: data without one is never staged); whether any of it was there."""
+    found = False
+    for suffix in (".json", ".data"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, rid + suffix))
+            found = True
+    return found

@@ -54,6 +54,7 @@ from .peers import PEER_TIMEOUTS, GroupFetch
 from .remember import Remembered
 from .replicas import PROMOTE_AFTER, open_replicas
 from .replication import Replication
+from .seeds import BUDGET as SEED_COPIES_BUDGET
 from .seeds import SpokeSeeds
 from .state import SpokeState
 from .topup import top_up_ids
@@ -62,8 +63,6 @@ from .workload import WorkloadStore
 from .writeback import UPLOAD_HOLD, open_writeback
 
 HUB = "hub"
-#: The default budget of --seed-copies.
-SEED_COPIES_SIZE = 5 * 1024**3
 LOCAL = "local"
 #: Local, and a copy at one peer spoke of the group (:mod:`spoke.replication`).
 REPLICATED = "replicated"
@@ -139,7 +138,7 @@ class SpokePlane(DataPlane):
         replica_takeover: float = PROMOTE_AFTER,
         mirror_capacity: int = MIRROR_CAPACITY,
         seed_copies: str | None = None,
-        seed_copies_size: int = SEED_COPIES_SIZE,
+        seed_copies_size: int = SEED_COPIES_BUDGET,
     ) -> None:
         """``group``: join this spoke group at the hub; ``peers``: a fixed group of these
         spokes instead; either needs ``advertise``, the URL the other members reach this

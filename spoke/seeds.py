@@ -19,20 +19,21 @@ restore then reads chunks, as without seeds). A failure only loses the copy.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from fabric.cache.files import MIN_SIZE, find_copy
 from fabric.cache.seeds import CopySeeder
-from fabric.client.copies import copy_key
+from fabric.client.copies import LocalCopy, copy_key
 from fabric.format.model import FILE, Entry
 
 log = logging.getLogger("fabric.spoke.seeds")
 
 #: Files waiting for their copy at most (beyond, a file written gets none).
 BACKLOG = 64
+#: The default bytes of copies kept (``--seed-copies-size``).
+BUDGET = 5 * 1024**3
 
 
 class SpokeSeeds:
@@ -71,21 +72,16 @@ class SpokeSeeds:
             key = copy_key(entry)
             if find_copy(self.seeder.dir, key) is not None:
                 return
-            fd = os.open(self.seeder.incoming, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            copy = LocalCopy(self.seeder)
             try:
-                size = 0
                 for piece in self._read(entry):
-                    view = memoryview(piece)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    size += len(piece)
-                if size != entry.size:
-                    raise OSError(f"{size} bytes assembled, not the version's {entry.size}")
-                if self.seeder.seed(fd, key, entry.size):
-                    with self._lock:
-                        self.assembled += 1
-            finally:
-                os.close(fd)
+                    copy.write(piece)
+            except BaseException:
+                copy.drop()
+                raise
+            if copy.seed(entry):
+                with self._lock:
+                    self.assembled += 1
         except Exception as exc:  # noqa: BLE001 - only the copy is lost; the write is not
             with self._lock:
                 self.failed += 1

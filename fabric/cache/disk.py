@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 from fabric.errors import Corruption, StorageFull
 from fabric.util.dirlock import DirLock
+from fabric.util.fileio import write_all
 
 from .plans import PLAN_MAX_IDS, Plans
 
@@ -562,9 +563,7 @@ class DiskCache:
                 os.makedirs(parent, exist_ok=True)
                 fd = os.open(tmp, _WRITE_FLAGS, 0o644)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                write_all(fd, data)
                 if durable:
                     os.fsync(fd)
             finally:

@@ -57,6 +57,7 @@ import xxhash
 
 from fabric.util.direct_io import DirectReader
 from fabric.util.dirlock import DirLock
+from fabric.util.fileio import pwrite_all
 
 log = logging.getLogger("fabric.cache")
 
@@ -254,7 +255,7 @@ class PackCache:
                 return False
             off = pack.size
             try:
-                self._write_all([HEADER.pack(MAGIC, n, cid, xxhash.xxh3_64_intdigest(data)), data], off)
+                pwrite_all(self._fd, [HEADER.pack(MAGIC, n, cid, xxhash.xxh3_64_intdigest(data)), data], off)
             except OSError as exc:
                 self._write_failed(f"chunk {cid.hex()}", exc)
                 self._cut(off)
@@ -281,17 +282,6 @@ class PackCache:
                 self._packs[number] = pack
                 self._open = pack
         return self._open
-
-    def _write_all(self, pieces: list[bytes | memoryview], off: int) -> None:
-        views = [memoryview(p).cast("B") for p in pieces]
-        while views:
-            done = os.pwritev(self._fd, views, off)
-            off += done
-            while views and done >= len(views[0]):
-                done -= len(views[0])
-                views.pop(0)
-            if views and done:
-                views[0] = views[0][done:]
 
     def _cut(self, size: int) -> None:
         """After a failed append: the pack being written ends where its last record did."""

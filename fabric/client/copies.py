@@ -7,6 +7,7 @@ finds it, whatever path or repository the entry came from."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -14,6 +15,9 @@ from fabric.cache import files
 from fabric.cache.seeds import CopySeeder
 from fabric.engine.metastore import CHUNKLIST, object_id
 from fabric.format.model import FILE, INLINE_CHUNKS, Entry, chunk_list_object
+from fabric.util.fileio import write_all
+
+log = logging.getLogger("fabric.cache")
 
 
 def copy_key(entry: Entry) -> str:
@@ -49,3 +53,41 @@ def seeder(root: str, budget: int) -> CopySeeder:
         if found is None:
             found = _seeders[key] = CopySeeder(key[1], budget)
         return found
+
+
+class LocalCopy:
+    """A file version's copy being written by whoever has its bytes in order (a ``fabric://``
+    write, a spoke assembling a file written through it): a file without a name
+    (``O_TMPFILE``) in ``seeds``' directory, which :meth:`seed` names once the version is
+    known (a crash leaves nothing behind). Failures (a full disk) only lose the copy."""
+
+    def __init__(self, seeds: CopySeeder) -> None:
+        self.seeds = seeds
+        try:
+            self.fd: int | None = os.open(seeds.incoming, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            log.info("no local copy of a file written: %s", exc)
+            self.fd = None
+        self.size = 0
+
+    def write(self, block: bytes) -> None:
+        if self.fd is None:
+            return
+        try:
+            write_all(self.fd, block)
+            self.size += len(block)
+        except OSError as exc:
+            log.info("no local copy of a file written: %s", exc)
+            self.drop()
+
+    def seed(self, entry: Entry) -> bool:
+        """The bytes written are version ``entry``: they become its copy; whether a seed was
+        made (none where a write failed, or the sizes differ)."""
+        seeded = self.fd is not None and self.size == entry.size and self.seeds.seed(self.fd, copy_key(entry), entry.size)
+        self.drop()
+        return seeded
+
+    def drop(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -3,7 +3,6 @@ while they are written and staged on close."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -15,7 +14,7 @@ from fsspec.spec import AbstractBufferedFile
 from fabric.cache.files import MIN_SIZE
 from fabric.cache.lru import BytesLRU
 from fabric.cache.seeds import CopySeeder
-from fabric.client.copies import copy_key
+from fabric.client.copies import LocalCopy
 from fabric.format.ingest import StreamChunker, file_entry
 from fabric.format.model import Entry
 from fabric.fsspec import chunks
@@ -25,7 +24,6 @@ from fabric.fsspec.locations import Location
 if TYPE_CHECKING:
     from fabric.fsspec.filesystem import FabricFileSystem
 
-log = logging.getLogger("fabric.fsspec")
 
 #: Bytes a read asks for beyond what was read (fsspec's readahead cache) and per write buffer.
 DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
@@ -161,41 +159,3 @@ class FabricWriteFile(AbstractBufferedFile):
         else:
             self.discard()
             self.closed = True
-
-
-class LocalCopy:
-    """The local file a :class:`FabricWriteFile` leaves as its version's copy: one without a
-    name (``O_TMPFILE``) in the seeder's directory, which its seed names (a crash leaves
-    nothing behind). Failures (a full disk) only lose the copy: the file is staged all the same."""
-
-    def __init__(self, seeds: CopySeeder) -> None:
-        self.seeds = seeds
-        try:
-            self.fd: int | None = os.open(seeds.incoming, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            log.info("no local copy of a file written: %s", exc)
-            self.fd = None
-        self.size = 0
-
-    def write(self, block: bytes) -> None:
-        if self.fd is None:
-            return
-        try:
-            view = memoryview(block)
-            while view:
-                view = view[os.write(self.fd, view) :]
-            self.size += len(block)
-        except OSError as exc:
-            log.info("no local copy of a file written: %s", exc)
-            self.drop()
-
-    def seed(self, entry: Entry) -> None:
-        """The file was staged as ``entry``: its local file becomes the version's copy."""
-        if self.fd is not None and self.size == entry.size:
-            self.seeds.seed(self.fd, copy_key(entry), entry.size)
-        self.drop()
-
-    def drop(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None

@@ -29,6 +29,7 @@ from fabric.store.base import (
     validate_key,
     validate_prefix,
 )
+from fabric.util.fileio import write_all
 from fabric.util.jsonfile import fsync_dir
 
 _COPY_BUFFER = 1 << 20
@@ -61,7 +62,7 @@ class LocalStore(ObjectStore):
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         with memoryview(data) as view:
-            self._write_atomically(key, lambda fd: _write_all(fd, view.cast("B")))
+            self._write_atomically(key, lambda fd: write_all(fd, view.cast("B")))
 
     def put_file(self, key: str, path: str) -> None:
         with open(path, "rb") as src:
@@ -229,16 +230,11 @@ def _pread(key: str, fd: int, offset: int, length: int | None) -> bytes:
         raise ObjectNotFound(f"object {key!r} not found (it is a directory)") from None
 
 
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def _copy_into(src: BufferedIOBase, fd: int) -> None:
     buffer = bytearray(_COPY_BUFFER)
     with memoryview(buffer) as view:
         while n := src.readinto(buffer):
-            _write_all(fd, view[:n])
+            write_all(fd, view[:n])
 
 
 def _unlink_quietly(path: str) -> None:
