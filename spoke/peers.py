@@ -39,6 +39,7 @@ import httpx
 
 from fabric.api.peers import PEER_HEADER
 from fabric.client.http import HttpPlane, Timeouts
+from fabric.client.transport import HttpClientTransport
 from fabric.errors import FabricError, NotFound
 from fabric.format import frames
 
@@ -185,7 +186,7 @@ class GroupFetch:
         with self._lock:
             client = self._clients.get(peer)
             if client is None:
-                transport = CountingTransport(self.traffic, httpx.HTTPTransport())
+                transport = CountingTransport(self.traffic, HttpClientTransport())
                 client = self._clients[peer] = HttpPlane(peer, self._token, self._timeouts, transport)
                 client.http.headers[PEER_HEADER] = "1"
             return client

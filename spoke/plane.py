@@ -26,6 +26,7 @@ from fabric.cache.disk import DiskCache
 from fabric.cache.spoke_layout import chunk_dir
 from fabric.client.breaker import BreakerTransport, CircuitBreaker
 from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane, Timeouts
+from fabric.client.transport import HttpClientTransport
 from fabric.engine.reader import Reader, View
 from fabric.engine.refs import parse_ref
 from fabric.engine.tree import Trees
@@ -181,7 +182,7 @@ class SpokePlane(DataPlane):
         #: Shared by every call to the hub: once one times out, the others fail fast (``Unavailable``)
         #: and take the "hub is away" path, until a probe gets an answer.
         self.breaker = CircuitBreaker()
-        transport = BreakerTransport(self.breaker, CountingTransport(self.traffic, httpx.HTTPTransport(retries=1)))
+        transport = BreakerTransport(self.breaker, CountingTransport(self.traffic, HttpClientTransport(retries=1)))
         hub = HttpPlane(hub_url, token, hub_timeouts, transport)
         # How the hub's console names this spoke (hub/watch.py, SPOKE_HEADER).
         hub.http.headers["X-Fabric-Spoke"] = advertise or socket.gethostname()

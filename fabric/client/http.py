@@ -36,6 +36,7 @@ from fabric import errors
 from fabric.auth.principal import Principal
 from fabric.client.records import parse_records
 from fabric.client.servers import ServerSet, Unreachable
+from fabric.client.transport import HttpClientTransport
 from fabric.format.listing import Change, Listing
 from fabric.format.model import Commit, Entry
 from fabric.plane.dataplane import DataPlane
@@ -200,7 +201,7 @@ class HttpPlane(DataPlane):
             headers=headers,
             timeout=self.timeouts.as_httpx(),
             verify=verify,
-            transport=transport,
+            transport=transport or HttpClientTransport(verify),
         )
         self._slow = self.timeouts.as_httpx(slow=True)
 
