@@ -272,6 +272,7 @@ def write_stats(mountpoint: str, fs: FabricFS, kernel: ImmutableMount | None = N
         "fetched_chunks": fs.reads.fetcher.fetched_chunks,
         "fetched_bytes": fs.reads.fetcher.fetched_bytes,
         "frame_requests": fs.reads.fetcher.requests,
+        "siblings_window_bytes": fs.reads.siblings_window,
         "listings": fs.state.ns.lists,
         "memory_cache_bytes": fs.reads.memory.size,
         "server_outages": fs.health.outages,

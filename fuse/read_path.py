@@ -32,9 +32,14 @@ from fuse.topups import TopUps
 
 log = logging.getLogger("fabric.fuse")
 
-#: Sibling readahead: when files of a directory are opened in order, fetch the next ones' chunks.
+#: Sibling readahead: when files of a directory are opened in order, fetch the next ones' chunks:
+#: at most this many files ahead, and a window of bytes that starts at :data:`SIBLINGS_BYTES` and
+#: doubles each time a reader opens a file of it whose chunks are still on their way (the window
+#: did not cover the time the data takes to come), up to :data:`SIBLINGS_MAX_BYTES` (and a
+#: quarter of the memory cache, which holds what is fetched ahead until it is read).
 SIBLINGS_AHEAD = 512
 SIBLINGS_BYTES = 16 * 1024 * 1024
+SIBLINGS_MAX_BYTES = 64 * 1024 * 1024
 #: An order is taken for a scan once this share of recent opens continued it (two in a row
 #: from none): a random reader continues some order now and then by chance.
 SCAN_SCORE = 0.4
@@ -65,6 +70,9 @@ class ReadPath:
         #: A mount of a commit reading for a job tells the server of its opens (a branch mount asks anyway).
         self.opens = OpenReports(state.plane.inner, state.repo, state.commit_id) if state.immutable and cfg.job else None
         self.top_ups = TopUps(state.plane.inner, state.repo, state.commit_id if state.immutable else state.branch)
+        #: Bytes sibling readahead keeps fetched ahead of a reader (see :data:`SIBLINGS_BYTES`).
+        self.siblings_window = SIBLINGS_BYTES
+        self._siblings_max = max(SIBLINGS_BYTES, min(SIBLINGS_MAX_BYTES, cfg.memory_cache // 4))
 
     def close(self) -> None:
         self.fetcher.close()
@@ -134,7 +142,7 @@ class ReadPath:
 
     def _prefetch_siblings(self, p: str) -> None:
         """Files of one directory opened in order: fetch the next ones' chunks ahead, at most
-        :data:`SIBLINGS_AHEAD` files and :data:`SIBLINGS_BYTES` beyond the one opened.
+        :data:`SIBLINGS_AHEAD` files and :attr:`siblings_window` bytes beyond the one opened.
 
         Two orders are followed: by name (``ls``, rsync, Python's ``sorted(os.listdir())``)
         and by inode number (GNU ``cp -r`` and ``tar`` sort a directory's entries by inode for
@@ -156,15 +164,22 @@ class ReadPath:
             self._top_up(orders[0], orders[0].index[name], parent)
 
     def _ahead_in(self, order: SiblingOrder, i: int, d: Dir) -> None:
-        """Keep the chunks of the files after position ``i`` of ``order`` fetched ahead."""
+        """Keep the chunks of the files after position ``i`` of ``order`` fetched ahead; a
+        reader that caught up with them (its file's chunks still on their way, or never asked
+        for) doubles the window."""
         names = order.names
+        opened = d.children.get(names[i])
+        if order.prefetched_to >= 0 and opened is not None and opened.kind == FILE and opened.chunks:
+            if i > order.prefetched_to or self.fetcher.loading(opened.chunks[-1][0]):
+                self.siblings_window = min(2 * self.siblings_window, self._siblings_max)
+        window = self.siblings_window
         ahead = names[i + 1 : order.prefetched_to + 1]
         size = self._bytes_of(ahead, d)
-        if len(ahead) >= SIBLINGS_AHEAD // 2 or size >= SIBLINGS_BYTES // 2:
+        if len(ahead) >= SIBLINGS_AHEAD // 2 or size >= window // 2:
             return  # still half a window ahead: the next request goes out when the reader gets closer
         chunks: list[tuple[bytes, int]] = []
         j = max(i + 1, order.prefetched_to + 1)
-        while j < len(names) and j <= i + SIBLINGS_AHEAD and size < SIBLINGS_BYTES:
+        while j < len(names) and j <= i + SIBLINGS_AHEAD and size < window:
             e = d.children.get(names[j])
             if e is not None and e.kind == FILE:
                 chunks.extend(e.chunks)

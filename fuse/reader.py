@@ -111,6 +111,10 @@ class Fetcher:
             out[cid] = result(getattr(self.plane, "health", None), fut)
         return out
 
+    def loading(self, cid: bytes) -> bool:
+        """Whether chunk ``cid`` is being fetched (or read from disk) now."""
+        return cid in self._inflight
+
     def read_cached_into(self, pairs: Sequence[tuple[bytes, memoryview]]) -> set[bytes]:
         """Copy chunks (each ``len(dst)`` bytes) from the disk cache into their buffers,
         verified, without keeping them in memory; the ids served. Not served: those memory has

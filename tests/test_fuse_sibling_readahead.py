@@ -16,6 +16,8 @@ import pytest
 
 from fabric.client.transfer import import_directory
 from fuse.mount import read_stats
+from fuse.read_path import SIBLINGS_BYTES
+from testbed.wanproxy import WanProxy
 from tests.fuse_helpers import mounted, needs_fuse
 from tests.hubserver import unique_name
 
@@ -95,3 +97,23 @@ def test_a_scan_in_one_order_is_not_taken_for_the_other(directory_commit, tmp_pa
         _read_in_order(mp, "a", "inode", data)
         scan_requests = _frame_requests(mp, 12 * SMALL + FILES * SIZE) - random_requests
     assert scan_requests <= FILES // 4
+
+
+@needs_fuse
+def test_the_window_grows_while_the_reader_catches_up_with_it(directory_commit, tmp_path):
+    """Over a link with a round trip of 60 ms, a reader going through "a" (40 MiB) opens files
+    whose chunks are still on their way: the window doubles (the mount's stats show it); random
+    opens do not grow it."""
+    hub, repo, commit, data = directory_commit
+    with WanProxy("127.0.0.1", int(hub.url.rsplit(":", 1)[1]), delay_ms_up=30, delay_ms_down=30, rate_mbit=400) as link:
+        with mounted(link.url_for(), hub.token, f"{repo}@{commit}", tmp_path / "m") as mp:
+            names = sorted(os.listdir(os.path.join(mp, "b")))
+            random.Random(5).shuffle(names)
+            for name in names[:12]:
+                with open(os.path.join(mp, "b", name), "rb") as f:
+                    assert f.read() == data[f"b/{name}"]
+            _frame_requests(mp, 12 * SMALL)
+            assert read_stats(mp)["siblings_window_bytes"] == SIBLINGS_BYTES
+            _read_in_order(mp, "a", "name", data)
+            _frame_requests(mp, 12 * SMALL + FILES * SIZE)
+            assert read_stats(mp)["siblings_window_bytes"] > SIBLINGS_BYTES
