@@ -27,7 +27,10 @@ commit-interval=SECONDS, commit-on-unmount, writeback. Tokens come from the CSI 
 (key "token"), never from command lines or logs.
 
 With --local-spoke URL=DIR, a volume whose nearest server is the spoke on this
-node reads the chunks that spoke holds straight from its cache directory.
+node reads the chunks that spoke holds straight from its cache directory. With
+--local-spoke-copies URL=DIR (the spoke's --seed-copies), such a volume's node
+copies are the spoke's: a passthrough volume restores what any machine wrote
+through that spoke with the kernel reading the spoke's plain copies.
 
 Each published volume is served by its own `fabric mount` process in a session
 of its own, recorded under --state-dir: a restarted driver adopts its mounts.
@@ -63,6 +66,15 @@ def _logging(level: str) -> None:
     metavar="URL=DIR",
     help="A spoke on this node: volumes whose nearest server is URL read the chunks it holds from its cache directory DIR (mounted read-only here and in the mounter), each checked against its id, instead of over HTTP. Repeatable.",
 )
+@click.option(
+    "--local-spoke-copies",
+    "local_spoke_copies",
+    multiple=True,
+    metavar="URL=DIR",
+    help="The spoke at URL on this node keeps plain copies of the files written through it in DIR (its --seed-copies): "
+    "volumes whose nearest server is URL use DIR as the node's copies (a passthrough volume's kernel reads them, a "
+    "writeback volume leaves its own there) instead of the driver's copies of each repository. Repeatable.",
+)
 @click.option("--driver-name", default="csi.fabric.dev", show_default=True, help="The CSI driver name (the CSIDriver object's and StorageClass provisioner's).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.pass_context
@@ -76,6 +88,7 @@ def csi(
     state_dir: str,
     mounter_socket: str | None,
     local_spokes: tuple[str, ...],
+    local_spoke_copies: tuple[str, ...],
     driver_name: str,
     log_level: str,
 ) -> None:
@@ -96,8 +109,12 @@ def csi(
         spokes = dict(parse_local_spoke(value) for value in local_spokes)
     except VolumeError as exc:
         raise click.BadParameter(str(exc), param_hint="--local-spoke") from None
+    try:
+        copies = dict(parse_local_spoke(value, "--local-spoke-copies") for value in local_spoke_copies)
+    except VolumeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--local-spoke-copies") from None
     _logging(log_level)
-    serve(endpoint, node_id or "", state_dir, controller, node, _stop_event(), mounter_socket, driver_name, spokes)
+    serve(endpoint, node_id or "", state_dir, controller, node, _stop_event(), mounter_socket, driver_name, spokes, copies)
 
 
 @csi.command("mounter")

@@ -57,8 +57,9 @@ class PublishRequest:
 
     ``spoke_cache``: the cache directory of the spoke on this node that the volume's nearest
     server is (``fabric csi --local-spoke``); the mount reads the chunks it holds from its files.
-    A node setting, not part of what the CO asked: a publish repeated with another one is the
-    same publish."""
+    ``spoke_copies``: that spoke's copies directory (``--local-spoke-copies``), the mount's copies
+    instead of the node's own of the repository. Node settings, not part of what the CO asked:
+    a publish repeated with others is the same publish."""
 
     volume_id: str
     volume: Volume
@@ -66,6 +67,7 @@ class PublishRequest:
     writable: bool
     options: MountOptions
     spoke_cache: str = field(default="", compare=False)
+    spoke_copies: str = field(default="", compare=False)
 
     def to_json(self) -> dict:
         return {**asdict(self), "volume": asdict(self.volume), "options": asdict(self.options)}
@@ -73,7 +75,8 @@ class PublishRequest:
     @classmethod
     def from_json(cls, d: dict) -> PublishRequest:
         options = MountOptions(**d["options"])
-        return cls(str(d["volume_id"]), Volume(**d["volume"]), d["target"], bool(d["writable"]), options, str(d.get("spoke_cache", "")))
+        return cls(str(d["volume_id"]), Volume(**d["volume"]), d["target"], bool(d["writable"]), options,
+                   str(d.get("spoke_cache", "")), str(d.get("spoke_copies", "")))
 
 
 @dataclass(frozen=True)
@@ -204,7 +207,9 @@ class Mounts:
     def _start_mount(self, req: PublishRequest, private: str, token: str | None, key: str, write_dir: str | None) -> int:
         vol = req.volume
         argv = [sys.executable, "-m", "fabric.cli.main", "mount", vol.server, f"{vol.repo}@{vol.ref}", private, "--allow-other"]
-        copies = os.path.join(self.state_dir, "copies", _digest(vol.server, vol.repo))  # (a repository's own: no other learns of it)
+        # The node's copies of the repository (its own: no other learns of it), or those of the spoke
+        # serving it on this node, which keeps copies of every repository written through it.
+        copies = req.spoke_copies or os.path.join(self.state_dir, "copies", _digest(vol.server, vol.repo))
         argv += req.options.mount_args(os.path.join(self.state_dir, "cache", key), write_dir, copies)
         argv += _spoke_cache_args(req)
         argv += ["--log-file", os.path.join(self.state_dir, "logs", key + ".log")]

@@ -43,11 +43,15 @@ def check_target(path: str) -> str:
 
 
 class Node(services.NodeServicer):
-    def __init__(self, node_id: str, mounts: Mounts, local_spokes: dict[str, str] | None = None):
-        """``local_spokes``: URL -> cache directory of the spokes on this node (``--local-spoke``)."""
+    def __init__(
+        self, node_id: str, mounts: Mounts, local_spokes: dict[str, str] | None = None, local_spoke_copies: dict[str, str] | None = None
+    ):
+        """``local_spokes``: URL -> cache directory of the spokes on this node (``--local-spoke``);
+        ``local_spoke_copies``: URL -> their copies directory (``--local-spoke-copies``)."""
         self.node_id = node_id
         self.mounts = mounts
         self.local_spokes = local_spokes or {}
+        self.local_spoke_copies = local_spoke_copies or {}
         self.locks = VolumeLocks()
         self._adopt()
 
@@ -83,8 +87,9 @@ class Node(services.NodeServicer):
         volume = volume_of(request.volume_id, dict(request.volume_context))
         options = parse_mount_flags(list(cap.mount.mount_flags))
         writable = not (request.readonly or options.read_only or cap.access_mode.mode in READ_ONLY_MODES)
-        spoke_cache = self.local_spokes.get(nearest_server(volume.server), "")
-        publish = PublishRequest(request.volume_id, volume, target, writable, options, spoke_cache)
+        nearest = nearest_server(volume.server)
+        spoke_cache, spoke_copies = self.local_spokes.get(nearest, ""), self.local_spoke_copies.get(nearest, "")
+        publish = PublishRequest(request.volume_id, volume, target, writable, options, spoke_cache, spoke_copies)
         token = request.secrets.get("token") or None
         with self.locks.hold(target, request.volume_id):
             existing = self.mounts.get(target)

@@ -79,6 +79,7 @@ def serve(
     mounter_socket: str | None = None,
     driver_name: str = DRIVER_NAME,
     local_spokes: dict[str, str] | None = None,
+    local_spoke_copies: dict[str, str] | None = None,
 ) -> None:
     """Serve Identity, and Controller and/or Node, on ``endpoint`` until ``stop`` is set."""
     path = unix_socket_path(endpoint)
@@ -96,7 +97,7 @@ def serve(
             mounts: Mounts = RemoteMounts(state_dir, mounter_socket)
         else:
             mounts = Mounts(state_dir)
-        services.add_NodeServicer_to_server(Node(node_id, mounts, local_spokes), server)
+        services.add_NodeServicer_to_server(Node(node_id, mounts, local_spokes, local_spoke_copies), server)
     old = os.umask(0o177)  # the socket: root only
     try:
         server.add_insecure_port("unix://" + path)

@@ -66,18 +66,21 @@ def check_server(server: str) -> str:
     return ",".join(servers)
 
 
-def parse_local_spoke(value: str) -> tuple[str, str]:
-    """``URL=DIR`` (``fabric csi --local-spoke``): the spoke on this node that ``URL`` reaches,
-    and its ``--cache`` directory as this node's mounts see it."""
+def parse_local_spoke(value: str, flag: str = "--local-spoke") -> tuple[str, str]:
+    """``URL=DIR`` (``fabric csi --local-spoke``, or ``--local-spoke-copies``): the spoke on this
+    node that ``URL`` reaches, and its ``--cache`` directory (its ``--seed-copies`` directory) as
+    this node's mounts see it."""
+    what = "copies directory" if flag == "--local-spoke-copies" else "cache directory"
     url, eq, directory = value.partition("=")
     if not eq or "," in url or not directory:
-        raise VolumeError(f"--local-spoke {value!r}: give URL=DIR, e.g. http://fabric-spoke.fabric.svc:8700=/var/lib/fabric/spoke-cache")
+        example = "/var/lib/fabric/spoke-copies" if flag == "--local-spoke-copies" else "/var/lib/fabric/spoke-cache"
+        raise VolumeError(f"{flag} {value!r}: give URL=DIR, e.g. http://fabric-spoke.fabric.svc:8700={example}")
     if not os.path.isabs(directory) or os.path.normpath(directory) != directory.rstrip("/"):
-        raise VolumeError(f"--local-spoke {value!r}: the cache directory must be an absolute, normalised path")
+        raise VolumeError(f"{flag} {value!r}: the {what} must be an absolute, normalised path")
     try:
         return check_server(url).rstrip("/"), os.path.normpath(directory)
     except VolumeError as exc:
-        raise VolumeError(f"--local-spoke {value!r}: {exc}") from None
+        raise VolumeError(f"{flag} {value!r}: {exc}") from None
 
 
 def nearest_server(server: str) -> str:

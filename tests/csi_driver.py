@@ -39,7 +39,10 @@ def _wait_for_socket(path: str, proc: subprocess.Popen, log_path: str) -> None:
 
 
 class CsiDriver:
-    def __init__(self, tmp: Path, mounter: bool = False, node_id: str = "node-1", local_spokes: tuple[str, ...] = ()):
+    def __init__(
+        self, tmp: Path, mounter: bool = False, node_id: str = "node-1", local_spokes: tuple[str, ...] = (),
+        local_spoke_copies: tuple[str, ...] = (),
+    ):
         self.tmp = tmp
         os.makedirs(tmp, exist_ok=True)
         self.socket = str(tmp / "plugin" / "csi.sock")
@@ -47,6 +50,7 @@ class CsiDriver:
         self.log_path = str(tmp / "csi.log")
         self.node_id = node_id
         self.local_spokes = local_spokes  # --local-spoke URL=DIR values
+        self.local_spoke_copies = local_spoke_copies  # --local-spoke-copies URL=DIR values
         self.mounter_socket = str(tmp / "mounter" / "mounter.sock") if mounter else None
         self.mounter_log = str(tmp / "mounter.log")
         self.proc: subprocess.Popen | None = None
@@ -68,6 +72,8 @@ class CsiDriver:
             args += ["--mounter-socket", self.mounter_socket]
         for value in self.local_spokes:
             args += ["--local-spoke", value]
+        for value in self.local_spoke_copies:
+            args += ["--local-spoke-copies", value]
         self.proc = self._spawn(args, self.log_path)
         _wait_for_socket(self.socket, self.proc, self.log_path)
         self.channel = grpc.insecure_channel("unix://" + self.socket)

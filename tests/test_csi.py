@@ -305,15 +305,59 @@ def test_a_volume_served_by_the_nodes_spoke_reads_its_cache_files(hub, repo, tmp
                     assert "is not a spoke's cache directory" in d.all_logs()
 
 
-def test_bad_local_spoke_values_are_refused(tmp_path):
+@requires(None if os.geteuid() == 0 and kernel_has_passthrough() else "FUSE passthrough needs root and CONFIG_FUSE_PASSTHROUGH")
+def test_a_passthrough_volume_served_by_the_nodes_spoke_reads_the_spokes_copies(hub, tmp_path, monkeypatch):
+    """--local-spoke-copies: a checkpoint written through the node's spoke from anywhere (here:
+    its API), which the spoke keeps plain copies of (--seed-copies), is restored by a
+    ``passthrough`` volume with the kernel reading the spoke's copy: no copy filled, no read
+    request. Without the setting the volume fills a copy of its own."""
+    repo = hub.new_repo("csiseeds")
+    data = os.urandom(3 << 20)
+    seeds = str(tmp_path / "spoke-copies")
+    with start_spoke(hub.url, tmp_path / "spoke-cache", "256MiB", token=hub.token,
+                     args=["--seed-copies", seeds, "--seed-copies-size", "64MiB"]) as spoke:
+        spoke.plane().put_object(repo, "main", "ck/shard0.bin", io.BytesIO(data), durability="local")
+        wait_for(lambda: spoke.stats()["seeds_placed"] == 1, timeout=30, interval=0.2)
+        wait_for(lambda: spoke.stats()["writeback_pending"] == 0, timeout=60, interval=0.3)
+        hub.plane().commit(repo, "main", "step 1")
+        hub.plane().create_tag(repo, "ck1", "main")
+        wait_for(lambda: "ck1" in {t["name"] for t in spoke.plane().list_tags(repo)}, timeout=30, interval=0.2)
+        for node_copies in (True, False):
+            copies = (f"{spoke.url}/={seeds}",) if node_copies else ()
+            with CsiDriver(tmp_path / f"driver-{node_copies}", mounter=True, local_spoke_copies=copies) as d:
+                target = str(tmp_path / f"pod-{node_copies}" / "mount")
+                os.makedirs(os.path.dirname(target))
+                context = {"server": f"{spoke.url},{hub.url}", "share": f"{repo}@ck1/ck"}
+                publish(d, "restore", target, hub.token, context, ROX, "cache-size=1G", "passthrough")
+                pub = Mounts(d.state).get(target)
+                monkeypatch.setenv("FABRIC_MOUNT_STATE", os.path.join(d.state, "fuse"))
+                with open(os.path.join(target, "shard0.bin"), "rb") as f:
+                    assert hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest()
+
+                def kernel(private: str = pub.private) -> dict:
+                    with contextlib.suppress(OSError, ValueError):
+                        return read_stats(private)["kernel"] or {}
+                    return {}
+
+                if node_copies:
+                    wait_for(lambda: kernel().get("passthrough_opens") == 1, timeout=10, interval=0.2)
+                    assert kernel()["copies"]["made"] == 0 and kernel()["read_requests"] == 0  # the spoke's copy
+                else:
+                    wait_for(lambda: kernel().get("cached_opens") == 1, timeout=10, interval=0.2)
+                    assert kernel()["passthrough_opens"] == 0 and kernel()["read_requests"] > 0
+                unpublish(d, "restore", target)
+
+
+@pytest.mark.parametrize("flag", ["--local-spoke", "--local-spoke-copies"])
+def test_bad_local_spoke_values_are_refused(tmp_path, flag):
     for value in ("http://spoke:8700", "spoke:8700=/cache", "http://spoke:8700=relative/dir", "http://a:1,http://b:2=/cache"):
         proc = subprocess.run(
-            [sys.executable, "-m", "fabric.cli.main", "csi", "--node", "--node-id", "n", "--endpoint", f"unix://{tmp_path}/s.sock", "--local-spoke", value],
+            [sys.executable, "-m", "fabric.cli.main", "csi", "--node", "--node-id", "n", "--endpoint", f"unix://{tmp_path}/s.sock", flag, value],
             capture_output=True,
             text=True,
             timeout=60,
         )
-        assert proc.returncode == 2 and "--local-spoke" in proc.stderr, (value, proc.stderr)
+        assert proc.returncode == 2 and f"{flag} {value!r}" in proc.stderr, (value, proc.stderr)
     assert not os.path.exists(tmp_path / "s.sock")
 
 

@@ -47,9 +47,13 @@ def test_mount_options():
 
 def test_local_spoke_values_and_the_nearest_server():
     assert parse_local_spoke("http://fabric-spoke:8700/=/var/lib/fabric/spoke-cache/") == ("http://fabric-spoke:8700", "/var/lib/fabric/spoke-cache")
+    assert parse_local_spoke("http://fabric-spoke:8700=/var/lib/fabric/spoke-copies", "--local-spoke-copies") == (
+        "http://fabric-spoke:8700", "/var/lib/fabric/spoke-copies")
     for bad in ("http://spoke:8700", "http://spoke:8700=", "spoke:8700=/cache", "http://spoke:8700=cache", "http://spoke:8700=/a/../b", "http://a:1,http://b:2=/cache"):
-        with pytest.raises(VolumeError, match="--local-spoke"):
+        with pytest.raises(VolumeError, match="--local-spoke "):
             parse_local_spoke(bad)
+        with pytest.raises(VolumeError, match="--local-spoke-copies "):
+            parse_local_spoke(bad, "--local-spoke-copies")
     assert nearest_server("http://spoke:8700/,http://hub:8600") == "http://spoke:8700"
     assert nearest_server("http://hub:8600") == "http://hub:8600"
 
