@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from fabric.client.http import Timeouts, raise_for_error
-from fabric.errors import BadRequest, FabricError, Unavailable
+from fabric.errors import BadRequest, Conflict, FabricError, Unavailable
 
 log = logging.getLogger("fabric.fuse")
 
@@ -77,7 +77,8 @@ class JournalMirror:
         self._stopped = threading.Event()
         self._renewer = threading.Thread(target=self._renew, name="fabric-mirror-lease", daemon=True)
         self.kept = 0  # copies the peer took
-        self.kept_bytes = 0
+        self.kept_bytes = 0  # bytes sent for them
+        self.appended = 0  # of them, copies sent as the bytes the file grew by
         self.failed = 0  # copies it did not take (staged inline instead)
         self.switched = 0  # times another peer was taken
 
@@ -117,25 +118,33 @@ class JournalMirror:
         return mirror
 
     # -- copies ------------------------------------------------------------------------
-    def start_keep(self, rid: str, record: dict[str, Any], fd: int, size: int) -> Future[None]:
+    def start_keep(self, rid: str, record: dict[str, Any], fd: int, size: int, offset: int = 0) -> Future[None]:
         """:meth:`keep` in the background (its result raises MirrorFailed)."""
-        return self._senders.submit(self.keep, rid, record, fd, size)
+        return self._senders.submit(self.keep, rid, record, fd, size, offset)
 
-    def keep(self, rid: str, record: dict[str, Any], fd: int, size: int) -> None:
-        """Have the peer keep file ``rid`` (``size`` bytes of ``fd``) on its disk; MirrorFailed if it did not."""
+    def keep(self, rid: str, record: dict[str, Any], fd: int, size: int, offset: int = 0) -> None:
+        """Have the peer keep file ``rid`` (``size`` bytes of ``fd``) on its disk; MirrorFailed if
+        it did not. ``offset``: the length of the copy the peer keeps already, of which the file
+        only grew: the bytes from there on are sent (the file whole, if the peer's copy is not
+        that long: it restarted, or is another peer)."""
         if self._down:
             self.failed += 1
             raise MirrorFailed(f"the peer spoke {self.peer} is not answering")
-        headers = {"X-Fabric-Record": _ascii_json(record), "Content-Length": str(size), "Content-Type": "application/octet-stream"}
+        headers = {"X-Fabric-Record": _ascii_json(record), "Content-Length": str(size - offset), "Content-Type": "application/octet-stream"}
         try:
-            raise_for_error(self._http.put(f"/files/{rid}", content=_pieces(fd, size), headers=headers))
+            params = {"offset": offset} if offset else None
+            raise_for_error(self._http.put(f"/files/{rid}", params=params, content=_pieces(fd, size, offset), headers=headers))
         except (httpx.HTTPError, FabricError) as exc:
+            if isinstance(exc, Conflict) and offset:  # the peer's copy is not the one this would grow
+                self.keep(rid, record, fd, size)
+                return
             self.failed += 1
             if not isinstance(exc, FabricError) or exc.status >= 500:
                 self._down = True  # (a full peer, 413, still takes the next, smaller file)
             raise MirrorFailed(f"{self.peer} did not keep a copy: {getattr(exc, 'message', None) or exc}") from None
         self.kept += 1
-        self.kept_bytes += size
+        self.kept_bytes += size - offset
+        self.appended += offset > 0
 
     def rename(self, rid: str, record: dict[str, Any]) -> None:
         """File ``rid`` now goes where ``record`` says (best effort: a miss leaves the peer
@@ -229,11 +238,10 @@ class JournalMirror:
 
     def snapshot(self) -> dict[str, Any]:
         return {"peer": self.peer, "down": self._down, "kept": self.kept, "kept_bytes": self.kept_bytes,
-                "failed": self.failed, "switched": self.switched}
+                "appended": self.appended, "failed": self.failed, "switched": self.switched}
 
 
-def _pieces(fd: int, size: int) -> Iterator[bytes]:
-    offset = 0
+def _pieces(fd: int, size: int, offset: int = 0) -> Iterator[bytes]:
     while offset < size:
         piece = os.pread(fd, min(PIECE, size - offset), offset)
         if not piece:

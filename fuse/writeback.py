@@ -158,7 +158,11 @@ class WriteBack:
         generation = wf.generation
         copy = None
         if durable and self.mirror is not None and wf.mirrored_generation != generation:
-            copy = self.mirror.start_keep(rid, self._record_of(wf, rid).to_json(), wf.fd, wf.size)
+            # The peer holds a copy of this record's file that the file only grew from: send what it grew by.
+            grew = wf.mirrored_generation and wf.journal_id is not None and wf.unchanged_since_mirror >= wf.mirrored_size
+            offset, size = (wf.mirrored_size if grew else 0), wf.size
+            wf.unchanged_since_mirror = size  # (changes from now on count against this copy)
+            copy = self.mirror.start_keep(rid, self._record_of(wf, rid).to_json(), wf.fd, size, offset)
         try:
             if durable:
                 os.fdatasync(wf.fd)
@@ -169,8 +173,12 @@ class WriteBack:
                 self.mirror.drop(rid)  # (staged inline instead: the peer's copy would only be staged twice)
             raise
         if copy is not None:
-            copy.result()  # MirrorFailed
-            wf.mirrored_generation = generation
+            try:
+                copy.result()
+            except MirrorFailed:
+                wf.unchanged_since_mirror = 0  # (what the peer holds is not known: the next copy is whole)
+                raise
+            wf.mirrored_generation, wf.mirrored_size = generation, size
 
     def _record(self, wf: WFile, durable: bool, rid: str) -> None:
         """Write ``wf``'s record, ``rid`` (``wf.lock`` held)."""

@@ -155,8 +155,12 @@ class WFile:
         #: the generation that record describes.
         self.journal_id: str | None = None
         self.journaled_generation = 0
-        #: The generation a peer spoke keeps a copy of (``--durability replicated``, fuse/mirror.py; 0: none).
+        #: The generation a peer spoke keeps a copy of (``--durability replicated``, fuse/mirror.py; 0: none),
+        #: that copy's length, and the bytes at the start of the file no change has touched since it
+        #: was sent (a copy of a file that only grew since is sent as the bytes it grew by).
         self.mirrored_generation = 0
+        self.mirrored_size = 0
+        self.unchanged_since_mirror = 0
         #: Records of earlier versions of its path, superseded while they were staged (see
         #: :meth:`WriteBack.supersede`): dropped once this version's own record is written.
         self.replaced_records: list[str] = []
@@ -258,6 +262,7 @@ class WFile:
         else:
             n = os.pwrite(self.fd, data, offset)
         self.size = max(self.size, offset + n)
+        self.unchanged_since_mirror = min(self.unchanged_since_mirror, offset)
         self.touch()
         return n
 
@@ -269,6 +274,7 @@ class WFile:
         else:
             os.ftruncate(self.fd, length)
         self.size = length
+        self.unchanged_since_mirror = min(self.unchanged_since_mirror, length)
         self.touch()
 
     def allocate(self, offset: int, length: int) -> None:

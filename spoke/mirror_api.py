@@ -3,8 +3,9 @@ file it parks on a peer spoke (:mod:`spoke.mirrors`; the sender is ``fuse/mirror
 
 The mount first asks its own spoke which peer to use (``GET /api/v1/mirror/peer``), then
 sends that peer each file whose fsync it is answering (``PUT .../files/{id}``, the record in
-the ``X-Fabric-Record`` header, the bytes as the body), renews its lease every few seconds,
-and drops each copy once the file is staged. A copy needs write access to the repository
+the ``X-Fabric-Record`` header, the bytes as the body; a file that only grew since its last
+copy with ``?offset=N``, the bytes from N on, appended there), renews its lease every few
+seconds, and drops each copy once the file is staged. A copy needs write access to the repository
 it names; every other call on a mount's copies needs the token that sent them.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from fabric.api.routing import BoundedJsonRoute, read_json
@@ -55,8 +56,12 @@ def mirror_router(store: MirrorStore, replication: Replication | None, authentic
         return Peer(peer=peers[0])
 
     @router.put("/{mount}/files/{rid}", status_code=204)
-    async def keep(mount: str, rid: str, request: Request, who: Caller) -> Response:
-        """Keep a parked file (on disk, synced, before the answer)."""
+    async def keep(
+        mount: str, rid: str, request: Request, who: Caller,
+        offset: Annotated[int, Query(ge=0, le=2**62, description="append the body at this byte of the kept copy, its length")] = 0,
+    ) -> Response:
+        """Keep a parked file (on disk, synced, before the answer); with ``offset``, the bytes it
+        grew by since its last copy (409 when the copy kept here is not ``offset`` bytes long)."""
         raw = request.headers.get("x-fabric-record", "")
         if len(raw) > MAX_RECORD:
             raise BadRequest(f"the X-Fabric-Record header is over {MAX_RECORD} bytes")
@@ -71,16 +76,25 @@ def mirror_router(store: MirrorStore, replication: Replication | None, authentic
             raise BadRequest("Content-Length is a number of bytes") from None
         if uploads[0] >= MAX_UPLOADS:
             raise Unavailable(f"this spoke is taking {MAX_UPLOADS} copies already; stage the file instead", retry_after=1)
-        tmp, record = await anyio.to_thread.run_sync(store.begin, mount, who.name, rid, record, size)
+        if offset:
+            path, record = await anyio.to_thread.run_sync(store.begin_append, mount, who.name, rid, record, offset, size)
+        else:
+            path, record = await anyio.to_thread.run_sync(store.begin, mount, who.name, rid, record, size)
         uploads[0] += 1
         try:
-            written = await _receive(request, tmp, size)
+            written = await _receive(request, path, size, offset)
         except BaseException:
             uploads[0] -= 1
-            await anyio.to_thread.run_sync(store.abort, mount, rid, size)
+            if offset:
+                await anyio.to_thread.run_sync(store.abort_append, mount, rid, offset, size)
+            else:
+                await anyio.to_thread.run_sync(store.abort, mount, rid, size)
             raise
         uploads[0] -= 1
-        await anyio.to_thread.run_sync(store.finish, mount, rid, record, size, written)
+        if offset:
+            await anyio.to_thread.run_sync(store.finish_append, mount, rid, record, offset, size, written)
+        else:
+            await anyio.to_thread.run_sync(store.finish, mount, rid, record, size, written)
         return Response(status_code=204)
 
     @router.put("/{mount}/files/{rid}/record", status_code=204)
@@ -112,12 +126,14 @@ def mirror_router(store: MirrorStore, replication: Replication | None, authentic
     return router
 
 
-async def _receive(request: Request, path: str, size: int) -> int:
-    """Write the body to ``path`` (synced), at most ``size`` bytes; how many came."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+async def _receive(request: Request, path: str, size: int, offset: int = 0) -> int:
+    """Write the body to ``path`` (synced) from ``offset`` on (a new file for 0), at most
+    ``size`` bytes; how many came."""
+    flags = os.O_WRONLY | os.O_CLOEXEC | (0 if offset else os.O_CREAT | os.O_EXCL)
+    fd = os.open(path, flags, 0o600)
     try:
         parts: list[bytes] = []
-        held = written = offset = 0  # (bytes pending, received, on disk)
+        held = written = 0  # (bytes pending, received)
         async for part in request.stream():
             written += len(part)
             if written > size:

@@ -14,7 +14,10 @@ Layout, in ``<cache-dir>/mirrors/<mount id>/``:
 - ``<id>.data``, ``<id>.json``: one parked file, its bytes and where it goes (``repo``,
   ``branch``, ``path``, ``mode``, ``mtime_ns``, ``meta``), as in the mount's journal. The data
   is written to ``<id>.data.tmp``, synced and renamed, then the record is written durably:
-  a ``.data`` without its ``.json`` is an upload that never completed.
+  a ``.data`` without its ``.json`` is an upload that never completed. A file fsynced again
+  after it only grew is sent as its new bytes, appended in place to ``<id>.data`` (synced, then
+  the record rewritten); an append cut short is cut off again, and a spoke killed during one
+  keeps the bytes of it that reached its disk (more than the last fsync returned for, never less).
 
 The mount drops a file's copy here once it has staged the file on its branch (its own
 spoke then holds it at ``replicated``), and ends its lease at a clean unmount. When a
@@ -44,7 +47,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-from fabric.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
+from fabric.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
 from fabric.util.jsonfile import fsync_dir, write_json
 
 log = logging.getLogger("fabric.spoke.mirrors")
@@ -108,13 +111,57 @@ class MirrorStore:
         if size < 0:
             raise BadRequest("a mirrored file needs its size (Content-Length)")
         directory = self._claim(mount, owner)
+        self._reserve(size)
+        return os.path.join(directory, rid + ".data.tmp"), record
+
+    def begin_append(self, mount: str, owner: str, rid: str, record: Any, offset: int, size: int) -> tuple[str, dict[str, Any]]:
+        """Make room for ``size`` more bytes of the kept file ``rid``, to be written at ``offset``,
+        its length now; the path of its data (the caller writes and syncs them there, then
+        :meth:`finish_append` or :meth:`abort_append`). Conflict when no copy of ``rid`` of that
+        length is here (the mount sends the file whole instead)."""
+        check_id(rid, "a mirrored file's id")
+        record = check_record(record)
+        if size < 0 or offset <= 0:
+            raise BadRequest("an append needs its offset and its size (Content-Length)")
+        data = os.path.join(self._owned(mount, owner), rid + ".data")
+        try:
+            length = os.stat(data).st_size
+        except FileNotFoundError:
+            raise Conflict(f"no copy of {rid} is kept here: send the file whole") from None
+        if length != offset:
+            raise Conflict(f"the copy of {rid} kept here holds {length} bytes, not {offset}: send the file whole")
+        self._reserve(size)
+        return data, record
+
+    def finish_append(self, mount: str, rid: str, record: dict[str, Any], offset: int, size: int, written: int) -> None:
+        """The ``size`` bytes at ``offset`` of ``rid`` are written and synced: keep its new record."""
+        directory = os.path.join(self.dir, mount)
+        try:
+            if written != size:
+                _cut(os.path.join(directory, rid + ".data"), offset)
+                raise BadRequest(f"the body held {written} bytes, not the {size} its Content-Length gave")
+            write_json(os.path.join(directory, rid + ".json"), record, durable=True)
+            self._touch(directory)
+        finally:
+            self._release(size)
+
+    def abort_append(self, mount: str, rid: str, offset: int, size: int) -> None:
+        try:
+            _cut(os.path.join(self.dir, mount, rid + ".data"), offset)
+        finally:
+            self._release(size)
+
+    def _reserve(self, size: int) -> None:
         with self._lock:
             held = self._usage()[1] + self._reserved
             if held + size > self.capacity:
                 raise PayloadTooLarge(f"this spoke keeps at most {self.capacity} bytes of parked files for mounts, "
                                       f"{held} are taken: stage the file instead")
             self._reserved += size
-        return os.path.join(directory, rid + ".data.tmp"), record
+
+    def _release(self, size: int) -> None:
+        with self._lock:
+            self._reserved -= size
 
     def finish(self, mount: str, rid: str, record: dict[str, Any], size: int, written: int) -> None:
         """The data of ``rid`` is written (and synced) to its temporary name: keep it."""
@@ -130,14 +177,12 @@ class MirrorStore:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            with self._lock:
-                self._reserved -= size
+            self._release(size)
 
     def abort(self, mount: str, rid: str, size: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.dir, mount, rid + ".data.tmp"))
-        with self._lock:
-            self._reserved -= size
+        self._release(size)
 
     def rename(self, mount: str, owner: str, rid: str, record: Any) -> None:
         """File ``rid`` now goes where ``record`` says (renamed, or its attributes changed)."""
@@ -307,6 +352,12 @@ class MirrorStore:
                 _forget(directory, older[0])
             latest[key] = (rid, record)
         return list(latest.values())
+
+
+def _cut(data: str, length: int) -> None:
+    """An append to ``data`` that did not complete: cut off again, to ``length`` bytes."""
+    with contextlib.suppress(FileNotFoundError):
+        os.truncate(data, length)
 
 
 def _forget(directory: str, rid: str) -> bool:

@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from fabric.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge
+from fabric.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
 from fabric.util.net import free_port
 from spoke.mirrors import MirrorStore
 from tests.fuse_helpers import fabric, mount_stats, mounted, needs_fuse
@@ -130,6 +130,32 @@ def test_a_copy_that_cannot_be_staged_stays_for_the_next_round(tmp_path):
     _keep(store, RID, b"data")
     assert store.promote_lost(refuse) == 0 and calls == ["ckpt/shard.bin"]
     assert store.stats()["mirrors_files"] == 1
+
+
+def test_a_copy_that_only_grew_is_appended_to_and_nothing_else_is(tmp_path):
+    store = MirrorStore(str(tmp_path), capacity=100)
+    data, record = tmp_path / MOUNT / f"{RID}.data", tmp_path / MOUNT / f"{RID}.json"
+    _keep(store, RID, b"x" * 10)
+
+    def append(offset: int, body: bytes, size: int, path: str = "ckpt/shard.bin") -> None:
+        target, checked = store.begin_append(MOUNT, "alice", RID, _record(path), offset, size)
+        with open(target, "r+b") as f:
+            f.seek(offset)
+            f.write(body)
+        store.finish_append(MOUNT, RID, checked, offset, size, len(body))
+
+    for offset, rid, owner, error in ((8, RID, "alice", Conflict), (10, RID2, "alice", Conflict), (10, RID, "mallory", Forbidden)):
+        with pytest.raises(error):  # another length than the copy's; no copy of RID2; another token's
+            store.begin_append(MOUNT, owner, rid, _record(), offset, 5)
+    append(10, b"y" * 5, 5, "ckpt/renamed.bin")
+    assert data.read_bytes() == b"x" * 10 + b"y" * 5 and json.loads(record.read_text())["path"] == "ckpt/renamed.bin"
+    with pytest.raises(BadRequest, match="held 3 bytes, not the 10"):
+        append(15, b"zzz", 10)  # cut short: cut off again, the record unchanged
+    assert data.read_bytes() == b"x" * 10 + b"y" * 5 and json.loads(record.read_text())["path"] == "ckpt/renamed.bin"
+    with pytest.raises(PayloadTooLarge):  # 15 held + 90 > 100
+        store.begin_append(MOUNT, "alice", RID, _record(), 15, 90)
+    append(15, b"z" * 85, 85)  # the room the refused ones took is free again
+    assert store.stats()["mirrors_bytes"] == 100
 
 
 def test_a_spoke_killed_mid_copy_drops_the_partial_upload_when_it_starts(tmp_path):
@@ -316,3 +342,36 @@ def test_a_mount_whose_peer_dies_stages_inline_then_takes_another_peer(hub: Hub,
         wait_for(lambda: mounted_spoke.stats()["writeback_pending"] == 0, timeout=60, interval=0.5)
         for name, byte in (("second.bin", b"2"), ("third.bin", b"3")):
             assert hub.plane().read(repo, "main", name) == byte * 1000
+
+
+@needs_fuse
+def test_a_file_that_only_grew_since_its_copy_is_sent_as_what_it_grew_by(hub: Hub, tmp_path):
+    """A log-like file fsynced after each append: the peer gets each fsync's new bytes only; a
+    change inside what it holds sends the file whole again."""
+    repo = new_repo(hub)
+    first, more, head = random_bytes(1 << 20, 63), random_bytes(1 << 20, 64), b"rewritten"
+    with pair(hub, tmp_path) as p:
+        with mounted(p.a.url, p.token, f"{repo}@main", tmp_path / "mnt", *_opts(tmp_path / "w")) as mnt:
+
+            def peer_copy() -> bytes:
+                [mount_dir] = os.listdir(p.b.cache + "/mirrors")
+                [kept] = [n for n in os.listdir(f"{p.b.cache}/mirrors/{mount_dir}") if n.endswith(".data")]
+                return open(f"{p.b.cache}/mirrors/{mount_dir}/{kept}", "rb").read()
+
+            with open(f"{mnt}/log.bin", "wb") as f:
+                for part in (first, more):
+                    f.write(part)
+                    f.flush()
+                    os.fsync(f.fileno())
+                sent = mount_stats(mnt, "writeback", until=lambda s: s["mirror"]["kept"] == 2)["mirror"]
+                assert sent["kept_bytes"] == len(first) + len(more) and sent["appended"] == 1
+                assert peer_copy() == first + more
+                f.seek(0)
+                f.write(head)
+                f.flush()
+                os.fsync(f.fileno())
+                sent = mount_stats(mnt, "writeback", until=lambda s: s["mirror"]["kept"] == 3)["mirror"]
+                assert sent["kept_bytes"] == 2 * (len(first) + len(more)) and sent["appended"] == 1
+                assert peer_copy() == head + first[len(head):] + more
+            wait_for(lambda: p.b.stats()["mirrors_files"] == 0, timeout=30, interval=0.2)
+    assert hub.plane().read(repo, "main", "log.bin") == head + first[len(head):] + more
