@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import socket
 import threading
 import time
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from fabric.client.transport import HttpClientTransport
+from fabric.errors import Forbidden
 
 
 class RawServer:
@@ -191,3 +193,44 @@ def test_a_body_left_unread_closes_its_connection(client: httpx.Client) -> None:
         assert server.connections == 2
     finally:
         server.close()
+
+
+def test_a_refusal_sent_before_the_body_was_read_is_the_answer(client: httpx.Client) -> None:
+    """A server that answers after the headers alone (403 for a 64 MiB upload) and closes: the
+    client's write fails, and the answer it gets is the 403, not a write error."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+
+    def refuse() -> None:
+        conn, _ = sock.accept()
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 7\r\nConnection: close\r\n\r\nrefused")
+            conn.shutdown(socket.SHUT_WR)
+            time.sleep(0.5)  # (the client is still sending: what it sends is never read)
+
+    threading.Thread(target=refuse, daemon=True).start()
+    try:
+        response = client.put(f"http://127.0.0.1:{port}/up", content=iter([b"x" * (1 << 20)] * 64))
+        assert response.status_code == 403 and response.content == b"refused"
+    finally:
+        sock.close()
+
+
+def test_a_large_upload_without_the_right_is_forbidden_not_unreachable(hub) -> None:  # noqa: ANN001 - tests.hubserver.Hub
+    """Through a real hub: a 64 MiB object put with a read-only token is refused, and the client
+    reports the refusal (whether the hub answers before or after reading the body), storing nothing."""
+    from fabric.client.http import HttpPlane
+    from tests.hubserver import unique_name
+
+    repo = hub.new_repo("transport")
+    reader = hub.plane().create_token(unique_name("reader"), roles={repo: "read"})["token"]
+    plane = HttpPlane(hub.url, reader)
+    try:
+        with pytest.raises(Forbidden):
+            plane.put_object(repo, "main", "big.bin", io.BytesIO(b"x" * (64 << 20)))
+    finally:
+        plane.close()
+    assert hub.plane().list(repo, "main").entries == []

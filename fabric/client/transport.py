@@ -13,7 +13,9 @@ client, with its requests, responses, timeouts and errors, and sends each reques
   time; one the server has closed while idle is noticed before reuse (its socket is readable)
   and replaced;
 - a request body in memory goes out with its headers in one write; a streamed one (an
-  upload) in chunked encoding, or as is when its length was given;
+  upload) in chunked encoding, or as is when its length was given; a server that answers
+  before it has read the whole body (a refusal: 403, 413) and closes the connection has that
+  answer returned, as httpx's own transport does, not the failed write;
 - a response body is read in pieces of up to :data:`PIECE` bytes, each one read from the
   socket (whatever it holds, never more than the body has left);
 - timeouts are httpx's (``connect``; ``read`` for every later wait, ``write`` for the
@@ -57,19 +59,25 @@ class HttpClientTransport(httpx.BaseTransport):
         key = (request.url.scheme, request.url.host, request.url.port or (443 if request.url.scheme == "https" else 80))
         conn = self._take(key) or self._connect(key, request, timeouts.get("connect"))
         phase = "write"
+        unsent: OSError | None = None
         try:
             _settimeout(conn, timeouts.get("write"))
-            _send(conn, request)
+            try:
+                _send(conn, request)
+            except OSError as exc:
+                unsent = exc  # a server may refuse before it reads the whole body, and close: its answer is read below
             phase = "read"
             _settimeout(conn, timeouts.get("read"))
             response = conn.getresponse()
         except BaseException as exc:
             conn.close()
+            if unsent is not None:
+                raise _translate(unsent, request, "write") from unsent
             raise _translate(exc, request, phase) from exc
         return httpx.Response(
             response.status,
             headers=response.getheaders(),
-            stream=_Body(self, key, conn, response, request),
+            stream=_Body(self, key, conn, response, request, reusable=unsent is None),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason.encode("latin-1", "replace")},
         )
 
@@ -132,9 +140,11 @@ class _Body(httpx.SyncByteStream):
 
     def __init__(
         self, transport: HttpClientTransport, key: _Key, conn: http.client.HTTPConnection,
-        response: http.client.HTTPResponse, request: httpx.Request,
+        response: http.client.HTTPResponse, request: httpx.Request, reusable: bool = True,
     ) -> None:
+        """``reusable``: False for the answer to a request not sent whole (its connection is closed after it)."""
         self._transport, self._key, self._conn, self._response, self._request = transport, key, conn, response, request
+        self._reusable = reusable
         self._complete = False
 
     def __iter__(self) -> Iterator[bytes]:
@@ -154,7 +164,7 @@ class _Body(httpx.SyncByteStream):
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        reusable = self._complete and not self._response.will_close
+        reusable = self._reusable and self._complete and not self._response.will_close
         self._response.close()
         if reusable:
             self._transport._release(self._key, conn)
