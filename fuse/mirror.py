@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from fabric.client.http import Timeouts, raise_for_error
+from fabric.client.transport import HttpClientTransport
 from fabric.errors import BadRequest, Conflict, FabricError, Unavailable
 
 log = logging.getLogger("fabric.fuse")
@@ -87,7 +88,7 @@ class JournalMirror:
         old = getattr(self, "_http", None)
         self.peer = peer.rstrip("/")
         self._http = httpx.Client(base_url=f"{self.peer}{API}/{self.mount_id}", headers=self._headers,
-                                  timeout=self._timeouts.as_httpx(slow=True))
+                                  timeout=self._timeouts.as_httpx(slow=True), transport=HttpClientTransport())
         if old is not None:
             old.close()
 

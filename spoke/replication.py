@@ -29,6 +29,7 @@ import httpx
 
 from fabric.cache.disk import DiskCache
 from fabric.client.http import Timeouts, raise_for_error
+from fabric.client.transport import HttpClientTransport
 from fabric.errors import FabricError, Unavailable
 from fabric.format import packs
 from fabric.format.model import Entry, stored_ids
@@ -59,7 +60,7 @@ class Replication:
         self.cache = cache
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
-            headers=headers, timeout=timeouts.as_httpx(slow=True), transport=CountingTransport(traffic, httpx.HTTPTransport())
+            headers=headers, timeout=timeouts.as_httpx(slow=True), transport=CountingTransport(traffic, HttpClientTransport())
         )
         self._down: dict[str, float] = {}
         self._lock = threading.Lock()
