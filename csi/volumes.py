@@ -66,14 +66,18 @@ def check_server(server: str) -> str:
     return ",".join(servers)
 
 
+#: What the directory of each ``URL=DIR`` node setting is, and an example of one.
+_SPOKE_DIRS = {"--local-spoke": ("cache directory", "/var/lib/fabric/spoke-cache"),
+               "--local-spoke-copies": ("copies directory", "/var/lib/fabric/spoke-copies")}
+
+
 def parse_local_spoke(value: str, flag: str = "--local-spoke") -> tuple[str, str]:
     """``URL=DIR`` (``fabric csi --local-spoke``, or ``--local-spoke-copies``): the spoke on this
     node that ``URL`` reaches, and its ``--cache`` directory (its ``--seed-copies`` directory) as
     this node's mounts see it."""
-    what = "copies directory" if flag == "--local-spoke-copies" else "cache directory"
+    what, example = _SPOKE_DIRS[flag]
     url, eq, directory = value.partition("=")
     if not eq or "," in url or not directory:
-        example = "/var/lib/fabric/spoke-copies" if flag == "--local-spoke-copies" else "/var/lib/fabric/spoke-cache"
         raise VolumeError(f"{flag} {value!r}: give URL=DIR, e.g. http://fabric-spoke.fabric.svc:8700={example}")
     if not os.path.isabs(directory) or os.path.normpath(directory) != directory.rstrip("/"):
         raise VolumeError(f"{flag} {value!r}: the {what} must be an absolute, normalised path")

@@ -159,7 +159,7 @@ class WriteBack:
         copy = None
         if durable and self.mirror is not None and wf.mirrored_generation != generation:
             # The peer holds a copy of this record's file that the file only grew from: send what it grew by.
-            grew = wf.mirrored_generation and wf.journal_id is not None and wf.unchanged_since_mirror >= wf.mirrored_size
+            grew = wf.mirrored_generation and wf.unchanged_since_mirror >= wf.mirrored_size
             offset, size = (wf.mirrored_size if grew else 0), wf.size
             wf.unchanged_since_mirror = size  # (changes from now on count against this copy)
             copy = self.mirror.start_keep(rid, self._record_of(wf, rid).to_json(), wf.fd, size, offset)

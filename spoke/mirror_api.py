@@ -76,25 +76,16 @@ def mirror_router(store: MirrorStore, replication: Replication | None, authentic
             raise BadRequest("Content-Length is a number of bytes") from None
         if uploads[0] >= MAX_UPLOADS:
             raise Unavailable(f"this spoke is taking {MAX_UPLOADS} copies already; stage the file instead", retry_after=1)
-        if offset:
-            path, record = await anyio.to_thread.run_sync(store.begin_append, mount, who.name, rid, record, offset, size)
-        else:
-            path, record = await anyio.to_thread.run_sync(store.begin, mount, who.name, rid, record, size)
+        upload = await anyio.to_thread.run_sync(store.begin, mount, who.name, rid, record, size, offset)
         uploads[0] += 1
         try:
-            written = await _receive(request, path, size, offset)
+            written = await _receive(request, upload.path, size, offset)
         except BaseException:
             uploads[0] -= 1
-            if offset:
-                await anyio.to_thread.run_sync(store.abort_append, mount, rid, offset, size)
-            else:
-                await anyio.to_thread.run_sync(store.abort, mount, rid, size)
+            await anyio.to_thread.run_sync(upload.abort)
             raise
         uploads[0] -= 1
-        if offset:
-            await anyio.to_thread.run_sync(store.finish_append, mount, rid, record, offset, size, written)
-        else:
-            await anyio.to_thread.run_sync(store.finish, mount, rid, record, size, written)
+        await anyio.to_thread.run_sync(upload.finish, written)
         return Response(status_code=204)
 
     @router.put("/{mount}/files/{rid}/record", status_code=204)

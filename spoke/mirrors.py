@@ -102,87 +102,37 @@ class MirrorStore:
         self._clean_partial()
 
     # -- what a mount sends ----------------------------------------------------------
-    def begin(self, mount: str, owner: str, rid: str, record: Any, size: int) -> tuple[str, dict[str, Any]]:
-        """Make room for file ``rid`` of ``size`` bytes; the path to write its data to (the
-        caller writes it, :meth:`finish` or :meth:`abort` then). PayloadTooLarge when the
-        store is full."""
+    def begin(self, mount: str, owner: str, rid: str, record: Any, size: int, offset: int = 0) -> Upload:
+        """Make room for ``size`` bytes of file ``rid``: the whole file (``offset`` 0), or what it
+        grew by since the copy kept here, ``offset`` bytes long (Conflict when no copy of ``rid``
+        of that length is here: the mount sends the file whole instead). The caller writes the
+        bytes to the upload's :attr:`~Upload.path` from ``offset`` on and syncs them, then calls
+        :meth:`Upload.finish` or :meth:`Upload.abort`. PayloadTooLarge when the store is full."""
         check_id(rid, "a mirrored file's id")
         record = check_record(record)
         if size < 0:
             raise BadRequest("a mirrored file needs its size (Content-Length)")
-        directory = self._claim(mount, owner)
-        self._reserve(size)
-        return os.path.join(directory, rid + ".data.tmp"), record
-
-    def begin_append(self, mount: str, owner: str, rid: str, record: Any, offset: int, size: int) -> tuple[str, dict[str, Any]]:
-        """Make room for ``size`` more bytes of the kept file ``rid``, to be written at ``offset``,
-        its length now; the path of its data (the caller writes and syncs them there, then
-        :meth:`finish_append` or :meth:`abort_append`). Conflict when no copy of ``rid`` of that
-        length is here (the mount sends the file whole instead)."""
-        check_id(rid, "a mirrored file's id")
-        record = check_record(record)
-        if size < 0 or offset <= 0:
-            raise BadRequest("an append needs its offset and its size (Content-Length)")
-        data = os.path.join(self._owned(mount, owner), rid + ".data")
-        try:
-            length = os.stat(data).st_size
-        except FileNotFoundError:
-            raise Conflict(f"no copy of {rid} is kept here: send the file whole") from None
-        if length != offset:
-            raise Conflict(f"the copy of {rid} kept here holds {length} bytes, not {offset}: send the file whole")
-        self._reserve(size)
-        return data, record
-
-    def finish_append(self, mount: str, rid: str, record: dict[str, Any], offset: int, size: int, written: int) -> None:
-        """The ``size`` bytes at ``offset`` of ``rid`` are written and synced: keep its new record."""
-        directory = os.path.join(self.dir, mount)
-        try:
-            if written != size:
-                _cut(os.path.join(directory, rid + ".data"), offset)
-                raise BadRequest(f"the body held {written} bytes, not the {size} its Content-Length gave")
-            write_json(os.path.join(directory, rid + ".json"), record, durable=True)
-            self._touch(directory)
-        finally:
-            self._release(size)
-
-    def abort_append(self, mount: str, rid: str, offset: int, size: int) -> None:
-        try:
-            _cut(os.path.join(self.dir, mount, rid + ".data"), offset)
-        finally:
-            self._release(size)
-
-    def _reserve(self, size: int) -> None:
+        if offset:
+            directory = self._owned(mount, owner)
+            try:
+                length = os.stat(os.path.join(directory, rid + ".data")).st_size
+            except FileNotFoundError:
+                raise Conflict(f"no copy of {rid} is kept here: send the file whole") from None
+            if length != offset:
+                raise Conflict(f"the copy of {rid} kept here holds {length} bytes, not {offset}: send the file whole")
+        else:
+            directory = self._claim(mount, owner)
         with self._lock:
             held = self._usage()[1] + self._reserved
             if held + size > self.capacity:
                 raise PayloadTooLarge(f"this spoke keeps at most {self.capacity} bytes of parked files for mounts, "
                                       f"{held} are taken: stage the file instead")
             self._reserved += size
+        return Upload(self, directory, rid, record, size, offset)
 
     def _release(self, size: int) -> None:
         with self._lock:
             self._reserved -= size
-
-    def finish(self, mount: str, rid: str, record: dict[str, Any], size: int, written: int) -> None:
-        """The data of ``rid`` is written (and synced) to its temporary name: keep it."""
-        directory = os.path.join(self.dir, mount)
-        tmp = os.path.join(directory, rid + ".data.tmp")
-        try:
-            if written != size:
-                raise BadRequest(f"the body held {written} bytes, not the {size} its Content-Length gave")
-            os.replace(tmp, os.path.join(directory, rid + ".data"))
-            write_json(os.path.join(directory, rid + ".json"), record, durable=True)
-            fsync_dir(directory)
-            self._touch(directory)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            self._release(size)
-
-    def abort(self, mount: str, rid: str, size: int) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(self.dir, mount, rid + ".data.tmp"))
-        self._release(size)
 
     def rename(self, mount: str, owner: str, rid: str, record: Any) -> None:
         """File ``rid`` now goes where ``record`` says (renamed, or its attributes changed)."""
@@ -354,10 +304,47 @@ class MirrorStore:
         return list(latest.values())
 
 
-def _cut(data: str, length: int) -> None:
-    """An append to ``data`` that did not complete: cut off again, to ``length`` bytes."""
-    with contextlib.suppress(FileNotFoundError):
-        os.truncate(data, length)
+class Upload:
+    """A copy being received (:meth:`MirrorStore.begin`): the whole file, written to a temporary
+    name and renamed into place, or (``offset``) what it grew by, appended to the data kept."""
+
+    def __init__(self, store: MirrorStore, directory: str, rid: str, record: dict[str, Any], size: int, offset: int) -> None:
+        self._store, self._directory, self._rid = store, directory, rid
+        self.record, self.size, self.offset = record, size, offset
+        self._data = os.path.join(directory, rid + ".data")
+        #: Where the bytes go, from :attr:`offset` on.
+        self.path = self._data if offset else self._data + ".tmp"
+
+    def finish(self, written: int) -> None:
+        """The body is written (``written`` bytes of it) and synced: keep the copy and its record."""
+        try:
+            if written != self.size:
+                self._undo()
+                raise BadRequest(f"the body held {written} bytes, not the {self.size} its Content-Length gave")
+            if not self.offset:
+                os.replace(self.path, self._data)
+            write_json(os.path.join(self._directory, self._rid + ".json"), self.record, durable=True)
+            if not self.offset:
+                fsync_dir(self._directory)
+            self._store._touch(self._directory)
+        finally:
+            if not self.offset:
+                self._undo()  # (the temporary name, if the rename did not take it)
+            self._store._release(self.size)
+
+    def abort(self) -> None:
+        try:
+            self._undo()
+        finally:
+            self._store._release(self.size)
+
+    def _undo(self) -> None:
+        """Whatever this upload wrote is gone: the temporary file, or the bytes appended."""
+        with contextlib.suppress(FileNotFoundError):
+            if self.offset:
+                os.truncate(self._data, self.offset)
+            else:
+                os.unlink(self.path)
 
 
 def _forget(directory: str, rid: str) -> bool:

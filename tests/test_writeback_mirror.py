@@ -21,7 +21,7 @@ import pytest
 
 from fabric.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
 from fabric.util.net import free_port
-from spoke.mirrors import MirrorStore
+from spoke.mirrors import MirrorStore, Upload
 from tests.fuse_helpers import fabric, mount_stats, mounted, needs_fuse
 from tests.hubserver import Hub, unique_name
 from tests.spokeserver import random_bytes, start_spoke, wait_for
@@ -37,10 +37,10 @@ def _record(path: str = "ckpt/shard.bin", repo: str = "r") -> dict:
 
 
 def _keep(store: MirrorStore, rid: str, data: bytes, record: dict | None = None, owner: str = "alice") -> None:
-    tmp, checked = store.begin(MOUNT, owner, rid, record or _record(), len(data))
-    with open(tmp, "wb") as f:
+    upload = store.begin(MOUNT, owner, rid, record or _record(), len(data))
+    with open(upload.path, "wb") as f:
         f.write(data)
-    store.finish(MOUNT, rid, checked, len(data), len(data))
+    upload.finish(len(data))
 
 
 # -- the store on its own --------------------------------------------------------------------
@@ -69,19 +69,19 @@ def test_the_store_keeps_copies_for_their_owner_only(tmp_path):
     assert store.stats()["mirrors_files"] == 0
 
 
-def _half_sent(store: MirrorStore, size: int) -> dict:
-    """An upload of ``size`` bytes begun and cut short (4 bytes written); its checked record."""
-    tmp, checked = store.begin(MOUNT, "alice", RID, _record(), size)
-    with open(tmp, "wb") as f:
+def _half_sent(store: MirrorStore, size: int) -> Upload:
+    """An upload of ``size`` bytes begun and cut short (4 bytes written)."""
+    upload = store.begin(MOUNT, "alice", RID, _record(), size)
+    with open(upload.path, "wb") as f:
         f.write(b"half")
-    return checked
+    return upload
 
 
 def test_a_short_body_keeps_nothing(tmp_path):
     store = MirrorStore(str(tmp_path), capacity=10)
-    checked = _half_sent(store, 10)
+    upload = _half_sent(store, 10)
     with pytest.raises(BadRequest, match="held 4 bytes, not the 10"):
-        store.finish(MOUNT, RID, checked, 10, 4)
+        upload.finish(4)
     assert sorted(os.listdir(tmp_path / MOUNT)) == ["lease", "owner"]
     store.begin(MOUNT, "alice", RID2, _record(), 10)  # the room it took is free again
 
@@ -138,22 +138,22 @@ def test_a_copy_that_only_grew_is_appended_to_and_nothing_else_is(tmp_path):
     _keep(store, RID, b"x" * 10)
 
     def append(offset: int, body: bytes, size: int, path: str = "ckpt/shard.bin") -> None:
-        target, checked = store.begin_append(MOUNT, "alice", RID, _record(path), offset, size)
-        with open(target, "r+b") as f:
+        upload = store.begin(MOUNT, "alice", RID, _record(path), size, offset)
+        with open(upload.path, "r+b") as f:
             f.seek(offset)
             f.write(body)
-        store.finish_append(MOUNT, RID, checked, offset, size, len(body))
+        upload.finish(len(body))
 
     for offset, rid, owner, error in ((8, RID, "alice", Conflict), (10, RID2, "alice", Conflict), (10, RID, "mallory", Forbidden)):
         with pytest.raises(error):  # another length than the copy's; no copy of RID2; another token's
-            store.begin_append(MOUNT, owner, rid, _record(), offset, 5)
+            store.begin(MOUNT, owner, rid, _record(), 5, offset)
     append(10, b"y" * 5, 5, "ckpt/renamed.bin")
     assert data.read_bytes() == b"x" * 10 + b"y" * 5 and json.loads(record.read_text())["path"] == "ckpt/renamed.bin"
     with pytest.raises(BadRequest, match="held 3 bytes, not the 10"):
         append(15, b"zzz", 10)  # cut short: cut off again, the record unchanged
     assert data.read_bytes() == b"x" * 10 + b"y" * 5 and json.loads(record.read_text())["path"] == "ckpt/renamed.bin"
     with pytest.raises(PayloadTooLarge):  # 15 held + 90 > 100
-        store.begin_append(MOUNT, "alice", RID, _record(), 15, 90)
+        store.begin(MOUNT, "alice", RID, _record(), 90, 15)
     append(15, b"z" * 85, 85)  # the room the refused ones took is free again
     assert store.stats()["mirrors_bytes"] == 100
 

@@ -202,7 +202,7 @@ def _translate(exc: BaseException, request: httpx.Request, phase: str) -> BaseEx
     if isinstance(exc, httpx.HTTPError):
         return exc
     message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if isinstance(exc, (socket.timeout, TimeoutError)):
+    if isinstance(exc, TimeoutError):  # (socket.timeout too)
         kind = {"connect": httpx.ConnectTimeout, "write": httpx.WriteTimeout}.get(phase, httpx.ReadTimeout)
         return kind(message, request=request)
     if phase == "connect" and isinstance(exc, OSError):  # refused, unresolvable, a TLS handshake failed
