@@ -245,9 +245,11 @@ class _Pipe:
             batch.append(data)
             n += len(data)
         if batch:
-            t.write(batch[0] if len(batch) == 1 else b"".join(batch))
+            # Counted before the write: sending can release the GIL, and a reader that got the
+            # bytes must never see a counter that does not include them yet.
             self.queued -= n
             self.link.bytes += n
+            t.write(batch[0] if len(batch) == 1 else b"".join(batch))
         if eof:
             self.done = True
             if t.can_write_eof():

@@ -203,6 +203,20 @@ while True:
 """
 
 
+def settle(ck: Checkpoints, quiet: float = 0.3, timeout: float = 10.0) -> None:
+    """Wait until the run's checkpoints stop changing: a request the killed writer had sent
+    (the tag of the step it was finishing) may still be running at the hub."""
+    listed = [c.step for c in ck.list()]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = [c.step for c in ck.list()]
+        if now == listed:
+            return
+        listed = now
+    raise AssertionError(f"checkpoints still changing {timeout} s after the writer was killed: {listed}")
+
+
 def kill_rounds(hub: Hub, fmt: str, rounds: int, window: tuple[float, float]) -> list[tuple[int | None, int]]:
     """Run the writer ``rounds`` times, each SIGKILLed a random time after it is ready; after
     each kill, the latest complete checkpoint must load equal to what was saved for it."""
@@ -223,6 +237,7 @@ def kill_rounds(hub: Hub, fmt: str, rounds: int, window: tuple[float, float]) ->
             proc.kill()
             out, _ = proc.communicate(timeout=30)
         finished = [int(line) for line in out.split()]
+        settle(ck)
         newest = ck.latest()
         # The step in flight may have been tagged just before the kill, never one beyond it.
         if finished:
