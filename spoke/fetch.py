@@ -236,7 +236,7 @@ class FetchScheduler:
                     again = time.monotonic()
                     frame = fetched[cid].result().frame
                     wait += time.monotonic() - again
-                    self.cache.touch(cid)
+                    self.cache.missed(cid)
                 size = frames.raw_length(frame)
                 total += size
                 if cid in missed:

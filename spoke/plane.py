@@ -854,6 +854,7 @@ class SpokePlane(DataPlane):
             "cache_pinned_bytes": chunk["cache_pinned_bytes"],
             "cache_evictions": chunk["cache_evictions"] + meta["cache_evictions"],
             "cache_corruptions": chunk["cache_corruptions"] + meta["cache_corruptions"],
+            "cache_files_reused": chunk["cache_files_reused"] + meta["cache_files_reused"],
             "cache_refetched": self.fetcher.refetched,
             "cache_hit_bytes": self.fetcher.hit_bytes,
             "cache_miss_bytes": self.fetcher.miss_bytes,

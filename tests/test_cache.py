@@ -116,23 +116,23 @@ class MeteredCache(DiskCache):
         self.on_disk = self.max_on_disk = 0
         super().__init__(*args, **kwargs)
 
-    def _write(self, key: bytes, data: bytes, durable: bool) -> None:
+    def _write(self, key: bytes, data: bytes, durable: bool, reuse: str | None = None) -> None:
         with self.meter_lock:
-            try:
-                old = os.stat(self._path(key)).st_size
+            try:  # the file written over: the blob's own, or an evicted blob's renamed aside
+                old = os.stat(reuse or self._path(key)).st_size
             except FileNotFoundError:
                 old = 0
-            super()._write(key, data, durable)
+            super()._write(key, data, durable, reuse)
             self.on_disk += len(data) - old
             self.max_on_disk = max(self.max_on_disk, self.on_disk)
 
-    def _unlink(self, key: bytes) -> None:
+    def _remove_file(self, path: str) -> None:
         with self.meter_lock:
             try:
-                size = os.stat(self._path(key)).st_size
+                size = os.stat(path).st_size
             except FileNotFoundError:
                 size = 0
-            super()._unlink(key)
+            super()._remove_file(path)
             self.on_disk -= size
 
 
@@ -162,6 +162,39 @@ def test_budget_holds_under_concurrent_writers_and_readers(tmp_path) -> None:
     assert on_disk == set(cache.keys())
     assert cache.used == disk_bytes(cache.root) == cache.on_disk
 
+
+
+def test_a_store_into_a_full_cache_writes_over_an_evicted_blobs_file(tmp_path) -> None:
+    """A new file per blob, beside an unlinked one, costs an inode allocation that churn makes
+    slow on ext4 without a journal: a full cache writes the new blob over a victim's file."""
+    budget = 16 * KiB
+    cache = DiskCache(str(tmp_path / "c"), budget)
+    for i in range(16):
+        assert cache.put(key(i), blob(i, KiB))
+    inodes = {os.stat(cache.file(k)).st_ino for k in cache.keys()}
+    full = cache.stats()
+    assert full["cache_evictions"] > 0  # full already
+    # Smaller than every victim: no file is reused (one must never hold more than the new blob
+    # was given room for).
+    assert cache.put(key("small"), blob(100, 700))
+    assert cache.stats()["cache_files_reused"] == full["cache_files_reused"]
+    inodes.add(os.stat(cache.file(key("small"))).st_ino)
+    # As large as a victim, or larger: the victim's file, cut to length, holds the new blob.
+    for i in range(16, 24):
+        assert cache.put(key(i), blob(i, KiB + i))
+    assert cache.stats()["cache_files_reused"] == full["cache_files_reused"] + 8
+    assert {os.stat(cache.file(k)).st_ino for k in cache.keys()} <= inodes  # no new file
+    for i in range(16, 24):
+        if key(i) in cache:
+            assert cache.get(key(i)) == blob(i, KiB + i)
+    names = [n for _, _, files in os.walk(cache.root) for n in files]
+    assert not [n for n in names if n.startswith(".tmp")]
+    assert cache.used == disk_bytes(cache.root) <= budget
+    # Start-up finds the reused files as any others.
+    cache.close()
+    again = DiskCache(str(tmp_path / "c"), budget)
+    assert sorted(again.keys()) == sorted(cache.keys())
+    assert all(again.get(k) is not None for k in again.keys())
 
 # -- scan resistance ---------------------------------------------------------
 def test_cyclic_scan_larger_than_the_cache_keeps_hitting(tmp_path) -> None:
