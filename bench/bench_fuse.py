@@ -12,6 +12,11 @@ The same files several ways, side by side in one run:
 - ``fabric-cached``: the same mount with ``--cache-dir``, a directory filled by one
   read of every file before the rounds: a locally cached commit (a fresh mount process
   per round; the chunks come from the local disk, the hub serves only metadata);
+- ``fabric-spoke``: ``fabric mount SPOKE repo@COMMIT MNT`` of a ``fabric spoke`` in front of
+  that hub on loopback, whose cache holds every chunk (one read of every file through a mount
+  before the rounds): warm reads at a spoke, to compare with ``fabric``'s reads at the hub
+  (issue 18: at least as fast). Caches are dropped before first reads here too, so the spoke
+  reads its cache files from the disk, as the hub reads its packs;
 - ``fabric-passthrough``: ``fabric-cached`` with ``--passthrough`` (root only): the fill also
   leaves a plain copy of each large file in the cache directory (half its size bound), and
   the mount, served without libfuse, hands the kernel those copies at open;
@@ -70,6 +75,7 @@ from multiprocessing import Pool
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import FABRIC_SRC, MB, drop_page_cache, fabric_env, machine, median, remove, save_json, unmount
+from bench_remote import Spoke
 from kernel_passthrough import P
 
 GIB = 1024**3
@@ -223,6 +229,13 @@ class FabricCached(Fabric):
             self.unmount()
 
 
+class FabricSpoke(Fabric):
+    """A fabric mount of a spoke whose cache holds every chunk (warmed by :meth:`fill`)."""
+
+    name = "fabric-spoke"
+    fill = FabricCached.fill
+
+
 class FabricPassthrough(FabricCached):
     """:class:`FabricCached` with ``--passthrough``: the fill leaves a plain copy of each large
     file in the cache directory, which the kernel then reads itself (root only)."""
@@ -362,7 +375,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("--only", choices=["fabric", "fabric-cached", "fabric-passthrough", "rclone", "passthrough", "kernel-passthrough", "kernel-reads", "local"], action="append")
+    ap.add_argument("--only", choices=["fabric", "fabric-cached", "fabric-spoke", "fabric-passthrough", "rclone", "passthrough", "kernel-passthrough", "kernel-reads", "local"], action="append")
     ap.add_argument("--no-tmpfs-reference", dest="tmpfs_reference", action="store_false",
                     help="skip the tmpfs reference read of the large files")
     ap.add_argument("--baseline-src", metavar="DIR",
@@ -425,12 +438,17 @@ def main() -> None:
                                                 os.path.join(stores, "mount-passthrough.log"), os.path.join(stores, "copy-cache"), 2 * data_bytes))
             systems.insert(-1, KernelPassthrough(args.python, tree, os.path.join(stores, "mnt-kernel-passthrough")))
         systems.insert(-1, KernelPassthrough(args.python, tree, os.path.join(stores, "mnt-kernel-reads"), passthrough=False))
+    spoke = None
+    if not args.only or "fabric-spoke" in args.only:
+        spoke = Spoke(args.python, url, os.path.join(stores, "spoke-cache"), str(2 * data_bytes), token)
+        systems.insert(2, FabricSpoke(args.python, spoke.url, token, target, os.path.join(stores, "mnt-fabric-spoke"),
+                                      os.path.join(stores, "mount-spoke.log")))
     if args.only:
         systems = [s for s in systems if s.name in args.only]
     if args.baseline_src:
         systems = [b for s in systems for b in ([s, s.baseline(args.baseline_src)] if isinstance(s, Fabric) else [s])]
     for s in systems:
-        if isinstance(s, FabricCached):
+        if isinstance(s, (FabricCached, FabricSpoke)):
             s.fill()
     filled = [s for s in systems if isinstance(s, FabricPassthrough) and not s.name.endswith("@base")]
     systems += [LocalCopies(s.copies(os.path.join(stores, "copies-tree"))) for s in filled]
@@ -464,6 +482,8 @@ def main() -> None:
                             s.unmount()
                     print(f"round {rnd + 1} {s.name}: " + ", ".join(f"{r} {v[-1]:.0f}" for r, v in results[s.name].items() if v), file=sys.stderr)
     finally:
+        if spoke is not None:
+            spoke.stop()
         hub.terminate()
         hub.wait(30)
 
@@ -509,6 +529,10 @@ def main() -> None:
         figures = [_figure(med[n].get(r)) for n in names]
         ratios = [_ratio(med[f].get(r), med.get(o, {}).get(r)) for f in fabrics for o in references]
         md.append(f"| {r.replace('_', ' ')} | {unit} | " + " | ".join(figures + ratios) + " |")
+    if "fabric-spoke" in med and "fabric" in med:
+        by_round = {r: [_ratio(a, b) for a, b in zip(results["fabric-spoke"][r], results["fabric"][r])] for r in rows}
+        md += ["", "Warm spoke / hub (`fabric-spoke` / `fabric`), round by round: "
+               + "; ".join(f"{r.replace('_', ' ')} {', '.join(v)}" for r, v in by_round.items() if v) + "."]
     if tmpfs_rates:
         t = median(tmpfs_rates)
         md += [
