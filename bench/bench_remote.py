@@ -339,12 +339,14 @@ def rsync_stats(out: str) -> dict:
 
 def timed_phase(cmd: list[str], proxy: WanProxy, env: dict | None = None, cwd: str | None = None,
                 servers: tuple[int, ...] = ()) -> tuple[Timed, dict]:
-    """Run ``cmd`` timed; the bytes it moved through ``proxy`` and the CPU the ``servers`` (PIDs) spent meanwhile."""
-    c0 = sum(proc_cpu(pid) for pid in servers)
+    """Run ``cmd`` timed; the bytes it moved through ``proxy`` and the CPU the ``servers`` (PIDs)
+    spent meanwhile: in all (``server_cpu``) and each (``server_cpu_each``, in their order)."""
+    c0 = [proc_cpu(pid) for pid in servers]
     s0 = proxy.stats()
     t = run_timed(cmd, env=env, cwd=cwd)
     w = wire(s0, proxy.stats())
-    w["server_cpu"] = sum(proc_cpu(pid) for pid in servers) - c0
+    w["server_cpu_each"] = [proc_cpu(pid) - before for pid, before in zip(servers, c0)]
+    w["server_cpu"] = sum(w["server_cpu_each"])
     return t, w
 
 

@@ -446,6 +446,7 @@ def summarize(rounds: list[dict], listings: list[dict], manifest: dict) -> dict:
                 x["upstream_requests"] = median([w["upstream_requests"] for w in rows])
             if t == "fabric-mount":
                 x["top_up_bytes"] = median([w["top_up_bytes"] for w in rows])
+                x["server_cpu_each"] = [median(list(each)) for each in zip(*(w["wire"]["server_cpu_each"] for w in rows))]
             s["tools"][t][v] = x
     s["ratios"] = {}
     for mine in [t for t in tools if t.startswith("fabric")]:
@@ -528,7 +529,8 @@ def render(results: dict) -> str:
         lines.append("- fabric-mount: `cp -a` (v1) and `rsync -a --delete` (v2, in place) from a read-only mount of a cold "
                      f"spoke; upstream requests v1 {f['v1']['upstream_requests']:.0f}, v2 {f['v2']['upstream_requests']:.0f}; "
                      f"fetched for top-up hints v1 {f['v1']['top_up_bytes'] / MiB:.1f} MiB, v2 {f['v2']['top_up_bytes'] / MiB:.1f} MiB; "
-                     "client CPU = cp/rsync; server CPU = spoke + hub + the mount process")
+                     "client CPU = cp/rsync; server CPU = spoke + hub + the mount process ("
+                     + "; ".join(f"{v} {' + '.join(f'{c:.2f}' for c in f[v]['server_cpu_each'])} s" for v in ("v1", "v2")) + ")")
     for peer, r in s["ratios"].items():
         goal = ""
         if peer in ("rsync", "rsync-z"):
