@@ -193,6 +193,16 @@ class Fabric:
         subprocess.run([*self.cmd[:3], "umount", self.mp], env=self.env, capture_output=True, cwd=FABRIC_SRC)
         unmount(self.mp)
 
+    def fill(self) -> None:
+        """Read every file once through a mount of its own (what a cache behind it keeps)."""
+        root = self.mount()
+        try:
+            for d, _, names in os.walk(root):
+                for n in names:
+                    read_sequential(os.path.join(d, n))
+        finally:
+            self.unmount()
+
     def baseline(self, src: str) -> Fabric:
         """The same mount run from the source tree ``src`` (an earlier revision), as ``NAME@base``."""
         other = copy.copy(self)
@@ -219,21 +229,11 @@ class FabricCached(Fabric):
         other.cmd = [*other.cmd[:at], other.cmd[at] + "-base", *other.cmd[at + 1 :]]
         return other
 
-    def fill(self) -> None:
-        root = self.mount()
-        try:
-            for d, _, names in os.walk(root):
-                for n in names:
-                    read_sequential(os.path.join(d, n))
-        finally:
-            self.unmount()
-
 
 class FabricSpoke(Fabric):
     """A fabric mount of a spoke whose cache holds every chunk (warmed by :meth:`fill`)."""
 
     name = "fabric-spoke"
-    fill = FabricCached.fill
 
 
 class FabricPassthrough(FabricCached):

@@ -26,16 +26,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_remote import proc_cpu  # noqa: E402
 
 MiB = 1 << 20
 IDS_PER_REQUEST = 2000
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def write_random(path: str, mib: int, seed: int) -> None:
@@ -89,7 +84,7 @@ def main() -> None:
                     read_all(plane, repo, [c for c, _ in plane.stat_chunks(repo, commit, "old.bin").chunks])
                 ids = [c for c, _ in plane.stat_chunks(repo, commit, "data.bin").chunks]
                 for p in range(args.passes):
-                    spoke_cpu, hub_cpu = cpu_seconds(spoke.proc.pid), cpu_seconds(hub.proc.pid)
+                    spoke_cpu, hub_cpu = proc_cpu(spoke.proc.pid), proc_cpu(hub.proc.pid)
                     missed = spoke.stats()["cache_miss_bytes"]
                     started = time.monotonic()
                     n = read_all(plane, repo, ids)
@@ -97,7 +92,7 @@ def main() -> None:
                     st = spoke.stats()
                     print(
                         f"round {rnd} pass {p}: {n / MiB:.0f} MiB in {wall:.2f} s ({n / wall / 1e6:.0f} MB/s); "
-                        f"CPU s: spoke {cpu_seconds(spoke.proc.pid) - spoke_cpu:.2f}, hub {cpu_seconds(hub.proc.pid) - hub_cpu:.2f}; "
+                        f"CPU s: spoke {proc_cpu(spoke.proc.pid) - spoke_cpu:.2f}, hub {proc_cpu(hub.proc.pid) - hub_cpu:.2f}; "
                         f"fetched from the hub {(st['cache_miss_bytes'] - missed) / MiB:.0f} MiB; "
                         f"evictions {st['cache_evictions']}, files reused {st.get('cache_files_reused', '-')}",
                         flush=True,

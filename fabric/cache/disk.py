@@ -107,11 +107,11 @@ class DiskCache:
         # Keys being written, with how many writers each (a pin batch may rewrite a blob in flight).
         self._writing: dict[bytes, int] = {}
         self.hits = self.misses = self.evictions = self.corruptions = self.reused = 0
-        # While a store makes room under the lock: the file of a blob it evicts, renamed aside
-        # for its write to reuse (None otherwise: evicted files are unlinked), and the most
-        # bytes that blob may have (the new blob's size).
-        self._salvage: list[str] | None = None
-        self._salvage_max = 0
+        # While a store makes room under the lock: the most bytes a blob it evicts may have for
+        # its file to be reused (the new blob's size; None outside a store: evicted files are
+        # unlinked), and the file of the first such victim, renamed aside for the store's write.
+        self._salvage_max: int | None = None
+        self._salvaged: str | None = None
         self._subdirs: set[str] = set()  # fan-out directories known to exist (no mkdir per write)
         self._dirlock = DirLock(root, "cache directory")
         try:
@@ -382,7 +382,7 @@ class DiskCache:
             if size > self.window_cap:
                 return False
             self._clock += size
-            self._salvage, self._salvage_max = [], size
+            self._salvage_max = size
             try:
                 if self._plans.planned(key):
                     self._held[key] = _Item(size, self._clock)
@@ -396,8 +396,7 @@ class DiskCache:
                 # budget, but for the one this write reuses.
                 self._make_room(0)
             finally:
-                salvaged, self._salvage = self._salvage, None
-            reuse = salvaged[0] if salvaged else None
+                reuse, self._salvaged, self._salvage_max = self._salvaged, None, None
             if key not in self._window and key not in self._main and key not in self._held:
                 if reuse is not None:
                     self._remove_file(reuse)
@@ -556,11 +555,11 @@ class DiskCache:
         if key in self._writing:
             self._doomed[key] = item.size
             self._doomed_bytes += item.size
-        elif self._salvage == [] and item.size <= self._salvage_max:  # a store's victim: its file is reused
+        elif self._salvage_max is not None and self._salvaged is None and item.size <= self._salvage_max:  # a store's victim: its file is reused
             aside = self._spare_path(key)
             try:
                 os.rename(self._path(key), aside)
-                self._salvage.append(aside)
+                self._salvaged = aside
             except OSError:
                 self._unlink(key)
         else:
