@@ -41,6 +41,19 @@ def write_random(path: str, mib: int, seed: int) -> None:
             f.write(random_bytes(min(64, mib - i) * MiB, seed + i))
 
 
+def make_data(work: str | None, prefix: str, mib: int, old_mib: int) -> tuple[str, str]:
+    """A work directory (``work``, or a new one under /tmp, kept) and in it ``src/`` holding
+    ``data.bin`` of ``mib`` MiB and, unless ``old_mib`` is 0, ``old.bin``: random bytes."""
+    work = work or tempfile.mkdtemp(prefix=prefix)
+    src = os.path.join(work, "src")
+    os.makedirs(src)
+    write_random(os.path.join(src, "data.bin"), mib, 0)
+    if old_mib:
+        write_random(os.path.join(src, "old.bin"), old_mib, 100_000)
+    print(f"work directory {work} (kept: removing it at once would slow the next file creations on ext4 without a journal)")
+    return work, src
+
+
 def read_all(plane, repo: str, ids: list[bytes]) -> int:  # noqa: ANN001 - an HttpPlane
     n = 0
     for i in range(0, len(ids), IDS_PER_REQUEST):
@@ -65,13 +78,7 @@ def main() -> None:
     from fabric.client.transfer import import_directory
     from tests.spokeserver import start_restartable_hub, start_spoke
 
-    work = args.work or tempfile.mkdtemp(prefix="probe-spoke-fill-")
-    src = os.path.join(work, "src")
-    os.makedirs(src)
-    write_random(os.path.join(src, "data.bin"), args.mib, 0)
-    if args.old_mib:
-        write_random(os.path.join(src, "old.bin"), args.old_mib, 100_000)
-    print(f"work directory {work} (kept: removing it at once would slow the next file creations on ext4 without a journal)")
+    work, src = make_data(args.work, "probe-spoke-fill-", args.mib, args.old_mib)
     with start_restartable_hub(os.path.join(work, "hub")) as hub:
         repo = "probe-spoke-fill"
         hub.plane().create_repo(repo)

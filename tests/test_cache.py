@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from fabric.cache.disk import CacheFull, DiskCache
+from fabric.cache.ghosts import GHOSTS_MAX, GHOSTS_MIN, Ghosts, ghosts_for
 from fabric.errors import Corruption
 from fabric.format import frames
 from fabric.format.chunking import chunk_id
@@ -197,17 +198,51 @@ def test_a_store_into_a_full_cache_writes_over_an_evicted_blobs_file(tmp_path) -
     assert all(again.get(k) is not None for k in again.keys())
 
 # -- scan resistance ---------------------------------------------------------
-def test_cyclic_scan_larger_than_the_cache_keeps_hitting(tmp_path) -> None:
-    """Plain LRU hits nothing on a cyclic scan 1.5x the cache; the window/main policy keeps most of it."""
+@pytest.mark.parametrize("cycle, warm_from", [(1.5, 1), (3, 2)])
+def test_cyclic_scan_larger_than_the_cache_keeps_hitting(tmp_path, cycle: float, warm_from: int) -> None:
+    """Plain LRU hits nothing on a cyclic scan over more than the cache; the window/main
+    policy keeps most of it. Past twice the budget main's blobs would look dead by age
+    alone: the reuse distance the cache remembers of an evicted blob (it comes back only
+    after a whole cycle) keeps main's blobs, which the cycle reads sooner."""
     size = 4 * KiB
     budget = 100 * size
-    n = 150
+    n = int(cycle * 100)
     cache = DiskCache(str(tmp_path / "c"), budget)
     ratios = [epoch_hits(cache, range(n), size) for _ in range(5)]
     assert ratios[0] == 0
-    for r in ratios[1:]:
+    for r in ratios[warm_from:]:
         assert r >= 0.8 * budget / (n * size), ratios
     assert cache.used <= budget
+
+
+def test_a_blob_back_soon_after_eviction_replaces_a_main_blob_read_longer_ago(tmp_path) -> None:
+    """Within twice the budget a main blob is not dead by age; one read further back than an
+    evicted blob's last reuse distance makes way for it."""
+    size = 4 * KiB
+    budget = 100 * size
+    cache = DiskCache(str(tmp_path / "c"), budget)
+    old = range(2000, 2090)
+    for _ in range(2):
+        epoch_hits(cache, old, size)  # main: 90 blobs, proven by a second read
+    small = range(3000, 3030)  # 30 blobs read over and over: each comes back after 30 reads
+    ratios = [epoch_hits(cache, small, size) for _ in range(4)]
+    # Pass 1 misses; in the window (10 blobs) none is read again. Pass 2 finds their reuse
+    # distance (30 blobs) shorter than main's blobs' age (90 and more): they displace them.
+    assert ratios[0] == 0 and ratios[-1] == 1.0, ratios
+    assert sum(key(i) in cache for i in small) == len(small)
+
+
+def test_the_evictions_remembered_are_bounded_and_the_oldest_forgotten_first() -> None:
+    ghosts = Ghosts(limit=3)
+    for i in range(5):
+        ghosts.evicted(key(i), last_read=10 * i)
+    ghosts.evicted(key(2), last_read=45)  # remembered anew: now the newest
+    assert len(ghosts) == 3
+    assert [ghosts.reuse_distance(key(i), 100) for i in range(5)] == [0, 0, 55, 70, 60]
+    assert len(ghosts) == 0  # a blob back is forgotten
+    assert ghosts_for(1 << 20) == GHOSTS_MIN
+    assert ghosts_for(1 << 40) == GHOSTS_MAX
+    assert ghosts_for(1 << 30) == 4 * (1 << 30) // (64 * KiB)
 
 
 def test_new_working_set_replaces_a_dead_one(tmp_path) -> None:

@@ -153,22 +153,43 @@ def test_the_budget_holds_and_eviction_goes_by_pack(tmp_path) -> None:
     assert read_all(cache, hot) == dict(hot)
 
 
-def test_a_cyclic_scan_larger_than_the_cache_keeps_hitting(tmp_path) -> None:
-    """Plain LRU (or FIFO) would hit nothing on a loop over 1.5x the budget."""
+def read_through(cache: PackCache, items: list[tuple[bytes, bytes]]) -> int:
+    """A reader's pass: each chunk read, fetched and put on a miss; the hits."""
+    got = 0
+    for cid, blob in items:
+        if cache.read(cid) is not None:
+            got += 1
+        else:
+            cache.put(cid, blob)
+    return got
+
+
+def test_a_new_working_set_replaces_a_dead_one(tmp_path) -> None:
+    """An old set fills main and is never read again; a set 60% of the budget then read over
+    and over gets cached (misses advance the read clock, so the old packs age)."""
     budget = 8 * MiB
     cache = PackCache(str(tmp_path), budget)
-    data = chunks(180, seed=11)  # 11.25 MiB
-    hits = []
-    for _ in range(4):
-        got = 0
-        for cid, blob in data:
-            if cache.read(cid) is not None:
-                got += 1
-            else:
-                cache.put(cid, blob)
-        hits.append(got)
+    old = chunks(110, seed=12)  # about 7 MiB
+    for _ in range(2):
+        read_through(cache, old)
+    new = chunks(75, seed=13)  # about 5 MiB
+    hits = [read_through(cache, new) for _ in range(8)]
+    assert hits[-1] >= len(new) * 0.9, hits
+
+
+@pytest.mark.parametrize("cycle", [1.5, 3])
+def test_a_cyclic_scan_larger_than_the_cache_keeps_hitting(tmp_path, cycle: float) -> None:
+    """Plain LRU (or FIFO) would hit nothing on a loop over more than the budget. Past twice
+    the budget, main's packs would also look dead by age alone: a pack whose chunks come back
+    after a whole cycle (their reuse distance, remembered past eviction) does not displace
+    main's packs, which the cycle reads sooner."""
+    budget = 16 * MiB  # packs of 1 MiB, a window of 2 MiB: main holds up to 13 MiB
+    cache = PackCache(str(tmp_path), budget)
+    data = chunks(int(cycle * 256), seed=14)
+    hits = [read_through(cache, data) for _ in range(5)]
     assert hits[0] == 0
-    assert min(hits[2:]) >= len(data) * 0.4, hits
+    assert min(hits[2:]) >= len(data) * 0.8 * cache.main_cap / (cycle * budget), hits
+    assert cache.used <= budget
 
 
 def test_old_chunk_files_and_packs_without_checksums_are_removed(tmp_path) -> None:

@@ -11,6 +11,13 @@ frames and metadata objects, a mount's chunks (``--cache-dir``).
   most-recently-used end. On a cyclic scan larger than the cache, main keeps
   a stable ~90% of the budget that hits every epoch, where plain LRU would
   hit nothing; a new working set still replaces a dead one.
+- **Reuse distances** (:mod:`fabric.cache.ghosts`): the cache remembers when each evicted
+  blob was last read. A blob stored again comes with its reuse distance, the bytes read
+  since; main's least recently read blob then counts as dead once it has gone unread for
+  longer than that, instead of ``2 x budget``. A cyclic scan more than twice the cache thus
+  keeps what main holds (every blob comes back after a whole cycle, and main's blobs have
+  not gone unread that long), and a small set read over and over displaces blobs read
+  longer ago from its second pass on.
 - **Plans** (:meth:`DiskCache.plan`): an owner (a job, a hint) may tell the cache
   which ids it will read soon, in order (:mod:`fabric.cache.plans`). A cached
   blob a plan lists is *held* apart from window and main: eviction takes window
@@ -61,6 +68,7 @@ from fabric.errors import Corruption, StorageFull
 from fabric.util.dirlock import DirLock
 from fabric.util.fileio import write_all
 
+from .ghosts import Ghosts, ghosts_for
 from .plans import PLAN_MAX_IDS, Plans
 
 log = logging.getLogger("fabric.cache")
@@ -73,6 +81,7 @@ DEAD_AFTER_BUDGETS = 2
 class _Item:
     size: int
     last: int  # read clock at the last access
+    reuse: int = 0  # read bytes between its last read before it was evicted and its store (0: not known)
 
 
 class CacheFull(StorageFull):
@@ -104,6 +113,7 @@ class DiskCache:
         self._doomed: dict[bytes, int] = {}
         self._doomed_bytes = 0
         self._clock = 0
+        self._ghosts = Ghosts(ghosts_for(budget))
         # Keys being written, with how many writers each (a pin batch may rewrite a blob in flight).
         self._writing: dict[bytes, int] = {}
         self.hits = self.misses = self.evictions = self.corruptions = self.reused = 0
@@ -383,13 +393,14 @@ class DiskCache:
                 return False
             self._clock += size
             self._salvage_max = size
+            reuse_distance = self._ghosts.reuse_distance(key, self._clock)
             try:
                 if self._plans.planned(key):
-                    self._held[key] = _Item(size, self._clock)
+                    self._held[key] = _Item(size, self._clock, reuse_distance)
                     self._held_bytes += size
                     self._plans.noted(key)
                 else:
-                    self._window[key] = _Item(size, self._clock)
+                    self._window[key] = _Item(size, self._clock, reuse_distance)
                     self._window_bytes += size
                     self._spill_window()
                 # Files of victims go before the new file is written: disk use stays within the
@@ -538,7 +549,8 @@ class DiskCache:
             key, item = self._window.popitem(last=False)
             self._window_bytes -= item.size
             main_cap = self.budget - self.window_cap - self._pinned_bytes - self._held_bytes
-            while self._main and self._main_bytes + item.size > main_cap and self._dead(next(iter(self._main.values()))):
+            unread_for = item.reuse or DEAD_AFTER_BUDGETS * self.budget
+            while self._main and self._main_bytes + item.size > main_cap and self._clock - next(iter(self._main.values())).last > unread_for:
                 old_key, old = self._main.popitem(last=False)
                 self._main_bytes -= old.size
                 self._evict_locked(old_key, old)
@@ -552,6 +564,7 @@ class DiskCache:
         """The file of an evicted blob goes at once, under the lock, so its bytes are only
         reused once it is gone; a blob still being written is removed by its writer."""
         self.evictions += 1
+        self._ghosts.evicted(key, item.last)
         if key in self._writing:
             self._doomed[key] = item.size
             self._doomed_bytes += item.size
@@ -564,9 +577,6 @@ class DiskCache:
                 self._unlink(key)
         else:
             self._unlink(key)
-
-    def _dead(self, item: _Item) -> bool:
-        return self._clock - item.last > DEAD_AFTER_BUDGETS * self.budget
 
     def _forget(self, key: bytes, unlink: bool = False, miss: bool = False, corrupt: bool = False) -> None:
         with self._lock:

@@ -30,8 +30,10 @@ with one ``O_DIRECT`` read.
 - **Budget and eviction, by pack**: the packs' sizes stay within ``budget``. The policy is
   the chunk cache's (:mod:`fabric.cache.disk`) at the grain of packs: a sealed pack enters a
   *window* (10% of the budget, at least two packs); when the window overflows, its oldest
-  pack moves to *main* if main has room or main's least recently read pack is dead (not
-  read during the last 2 x budget bytes of reads), and is deleted otherwise. A read from a
+  pack moves to *main* if main has room or main's least recently read pack is dead, and is
+  deleted otherwise. Dead means not read during the last 2 x budget bytes of reads (hits,
+  and misses appended), or, for a pack most of whose chunks the cache had evicted before,
+  longer than their mean reuse distance (:mod:`fabric.cache.ghosts`). A read from a
   pack moves it to main's most recently read end. A cyclic scan larger than the cache keeps
   hitting what main holds, where plain LRU would hit nothing. Evicting a pack loses the
   hot chunks among its cold ones.
@@ -55,6 +57,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from fabric.cache.ghosts import Ghosts, ghosts_for
 from fabric.util.direct_io import DirectReader
 from fabric.util.dirlock import DirLock
 from fabric.util.fileio import pwrite_all
@@ -88,7 +91,10 @@ class _Pack:
     number: int
     size: int = 0
     ids: list[bytes] = field(default_factory=list)  # of its records, in order (where they are: the index)
-    last: int = 0  # read clock at its last read
+    last: int = 0  # read clock at its last read (or its last append)
+    reuse_total: int = 0  # of the reuse distances of its chunks that the cache remembered
+    reuse_known: int = 0  # how many those were
+    reuse: int = 0  # at its seal: their mean, when at least half its chunks had one (else 0)
 
 
 class PackCache:
@@ -98,6 +104,9 @@ class PackCache:
         self.dir = os.path.join(root, PACKS)
         self.pack_bytes = max(MIN_PACK_BYTES, min(PACK_BYTES, budget // 20))
         self.window_cap = max(int(budget * WINDOW_FRACTION), 2 * self.pack_bytes)
+        # Main leaves room for a full window and the pack being written: else each pack sealed
+        # would push main's least recently read pack out, dead or not (plain FIFO).
+        self.main_cap = max(budget - self.window_cap - self.pack_bytes, 0)
         self._lock = threading.Lock()  # the index, the packs, the segments, the counters
         self._writing = threading.Lock()  # appends, one at a time (taken before _lock)
         self._index: dict[bytes, Location] = {}
@@ -108,7 +117,8 @@ class PackCache:
         self._open: _Pack | None = None
         self._fd = -1
         self._next = 0
-        self._clock = 0
+        self._clock = 0  # bytes read: hits, and misses appended
+        self._ghosts = Ghosts(ghosts_for(budget))
         self._closed = False
         self._error_logged = float("-inf")
         self._reader = DirectReader(RUN_BYTES + MAX_CHUNK + HEADER.size)
@@ -264,6 +274,11 @@ class PackCache:
                 pack.size = off + HEADER.size + n
                 pack.ids.append(cid)
                 self._index[cid] = (pack.number, off + HEADER.size, n)
+                self._clock += n  # a miss is a read too: without it, a main no one reads never ages
+                pack.last = self._clock
+                if distance := self._ghosts.reuse_distance(cid, self._clock):
+                    pack.reuse_total += distance
+                    pack.reuse_known += 1
             if pack.size >= self.pack_bytes:
                 self._seal()
             else:
@@ -308,6 +323,8 @@ class PackCache:
         self._write_index(pack.number, records)
         with self._lock:
             self._open = None
+            if pack.reuse_known * 2 >= len(pack.ids) > 0:
+                pack.reuse = pack.reuse_total // pack.reuse_known
             self._window[pack.number] = None
             self._window_bytes += pack.size
             self._shrink()
@@ -318,9 +335,10 @@ class PackCache:
             number, _ = self._window.popitem(last=False)
             pack = self._packs[number]
             self._window_bytes -= pack.size
-            while self.used + pack.size > self.budget and self._main and self._dead(next(iter(self._main))):
+            unread_for = pack.reuse or DEAD_AFTER_BUDGETS * self.budget
+            while self._main_bytes + pack.size > self.main_cap and self._main and self._unread_for(next(iter(self._main))) > unread_for:
                 self._evict(self._main, next(iter(self._main)))
-            if self.used + pack.size <= self.budget:
+            if self._main_bytes + pack.size <= self.main_cap:
                 self._main[number] = None
                 self._main_bytes += pack.size
             else:
@@ -333,8 +351,8 @@ class PackCache:
         loc = self._index.get(cid)
         return loc is not None and loc[0] == number
 
-    def _dead(self, number: int) -> bool:
-        return self._clock - self._packs[number].last > DEAD_AFTER_BUDGETS * self.budget
+    def _unread_for(self, number: int) -> int:
+        return self._clock - self._packs[number].last
 
     def _evict(self, segment: OrderedDict[int, None], number: int) -> None:
         del segment[number]
@@ -351,6 +369,7 @@ class PackCache:
         for cid in pack.ids:
             if self._in_pack(cid, pack.number):
                 del self._index[cid]
+                self._ghosts.evicted(cid, pack.last)
         for ext in ("pack", "idx"):
             try:
                 os.unlink(self._path(pack.number, ext))
