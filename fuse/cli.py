@@ -85,6 +85,19 @@ twice as long as a local write and fsync would, not ten times. With
 fsync also returns only once a peer spoke of the group keeps the file on
 its disk; that peer stages it if this machine is lost.
 
+With --commit-checkpoints, a torch Distributed Checkpoint saved through the
+mount becomes a commit of its own once DCP renames its DIR/.metadata into
+place (the save's last step), in the background: a save into step-N at the
+branch's root is also tagged BRANCH.step-N, so `fabric checkpoints`
+and fabric.checkpoint's latest() and load() find it, and never a save that
+died before its end:
+
+\b
+  fabric branch create models ckpt.run1 --from main
+  fabric mount SPOKE models@ckpt.run1 /mnt/ckpt --rw --commit-checkpoints
+  # training: dcp.save(state, checkpoint_id="/mnt/ckpt/step-900")
+  fabric checkpoints models --run run1
+
 --seed-copies DIR also keeps each file staged as a plain copy in DIR, so
 that a --passthrough mount of the commit with --cache-dir DIR restores it
 on this machine at the local disk's speed:
@@ -137,6 +150,7 @@ statistics, is at --log-file.
 @click.option("--commit-interval", type=float, default=0, metavar="SECONDS", show_default=True, help="With --rw, commit staged changes every SECONDS (0: never; use `fabric commit`).")
 @click.option("--commit-on-unmount", is_flag=True, help="With --rw, commit staged changes when unmounted.")
 @click.option("--commit-message", default="fabric mount", show_default=True, help="Message of the mount's own commits.")
+@click.option("--commit-checkpoints", is_flag=True, help="With --rw: when a torch Distributed Checkpoint save through the mount renames its DIR/.metadata into place (its last step), stage DIR's files, commit the branch (step and format in the commit's metadata) and, for step-N at the branch's root, tag the commit BRANCH.step-N, as fabric.checkpoint does (`fabric checkpoints` lists it). In the background: the save does not wait.")
 @click.option("--server-timeout", type=float, default=120.0, metavar="SECONDS", show_default=True, help="How long requests wait for an unreachable server before failing with EIO.")
 @click.option("--attr-timeout", type=float, default=1.0, metavar="SECONDS", show_default=True, help="Branch mounts: how long the kernel may cache names and attributes (opens and listings always check).")
 @click.option("--readahead", type=Size(), default="32M", show_default=True, help="Sequential readahead window per open file (also the kernel's, when run as root).")
@@ -173,6 +187,7 @@ def mount(
     commit_interval: float,
     commit_on_unmount: bool,
     commit_message: str,
+    commit_checkpoints: bool,
     server_timeout: float,
     attr_timeout: float,
     readahead: int,
@@ -211,8 +226,8 @@ def mount(
     repo, ref = split_repo_ref(target)
     if ref is None:
         raise BadRequest(f"give a ref: {target!r} should be REPO@REF, e.g. {target}@main")
-    if (commit_interval or commit_on_unmount) and not rw:
-        raise click.UsageError("--commit-interval and --commit-on-unmount need --rw")
+    if (commit_interval or commit_on_unmount or commit_checkpoints) and not rw:
+        raise click.UsageError("--commit-interval, --commit-on-unmount and --commit-checkpoints need --rw")
     if writeback and not rw:
         raise click.UsageError("--writeback needs --rw")
     if writeback and not write_dir:
@@ -261,6 +276,7 @@ def mount(
         commit_interval=commit_interval,
         commit_on_unmount=commit_on_unmount,
         commit_message=commit_message,
+        commit_checkpoints=commit_checkpoints,
         durability=durability,
         writeback=writeback,
         writeback_backlog=writeback_backlog,

@@ -23,6 +23,7 @@ class MountConfig:
     commit_interval: float = 0.0
     commit_on_unmount: bool = False
     commit_message: str = "fabric mount"
+    commit_checkpoints: bool = False  # a DCP save's final rename commits and tags it (fuse/checkpoint_commits.py)
     durability: str = "local"
     writeback: bool = False  # fsync and close return once the file is in write_dir (fuse/writeback.py)
     writeback_backlog: int = 4 * 1024**3  # at most this many bytes parked; beyond, fsync stages inline

@@ -69,6 +69,7 @@ from typing import Any
 import mfusepy
 
 from fuse.attrs import Attributes
+from fuse.checkpoint_commits import CheckpointCommits
 from fuse.commits import Committer
 from fuse.config import MountConfig
 from fuse.directories import Directories
@@ -104,6 +105,7 @@ class FabricFS(mfusepy.Operations):
         self.changes = NamespaceChanges(self.state, self.writes, self.reads)
         self.links = Links(self.state, self.writes, self.reads)
         self.commits = Committer(self.state, self.writes)
+        self.checkpoints = CheckpointCommits(self.state, self.writes) if config.commit_checkpoints and self.state.writable else None
         self.on_ready: Callable[[], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------
@@ -111,10 +113,14 @@ class FabricFS(mfusepy.Operations):
         st = self.state
         configure(conn, config, st.cfg, immutable=st.immutable, writable=st.writable)
         self.commits.start()
+        if self.checkpoints is not None:
+            self.checkpoints.start()
         if self.on_ready is not None:
             threading.Thread(target=self.on_ready, name="fabric-ready", daemon=True).start()
 
     def destroy(self, path: str) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.stop()
         self.commits.stop()
         if self.writes.writeback is not None:
             self.writes.writeback.shutdown()
@@ -282,4 +288,6 @@ class FabricFS(mfusepy.Operations):
             self.unlinked.hide(src, dst, self.changes.unlink)
         else:
             self.changes.rename(src, dst, flags)
+            if self.checkpoints is not None:
+                self.checkpoints.renamed(dst)
         return 0

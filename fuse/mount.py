@@ -283,6 +283,7 @@ def write_stats(mountpoint: str, fs: FabricFS, kernel: ImmutableMount | None = N
         "writeback": fs.writes.writeback.snapshot() if fs.writes.writeback is not None else None,
         "kernel": kernel.snapshot() if kernel is not None else None,
         "seeded_copies": fs.writes.seeds.snapshot() if fs.writes.seeds is not None else None,
+        "checkpoint_commits": fs.checkpoints.snapshot() if fs.checkpoints is not None else None,
     }
     write_json(stats_path(mountpoint), data)
 

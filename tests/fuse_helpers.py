@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fabric.util.net import free_port
+from fabric.util.processes import process_alive
 from tests.ci_requirements import requires
 from tests.hubserver import ROOT, _wait_healthy, hub_env, stop
 
@@ -100,6 +101,22 @@ def mounted(server: str, token: str | None, target: str, mountpoint: str | os.Pa
                         os.kill(pid, 0)
                         time.sleep(0.1)
                     os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def mount_to_kill(server: str, token: str, target: str, mp: str, opts: tuple[str, ...]) -> Iterator[int]:
+    """``fabric mount`` of ``target`` in the background, for a test that kills it: yields its
+    pid; at the end the mount point is unmounted and the process gone."""
+    os.makedirs(mp, exist_ok=True)
+    fabric("mount", server, target, mp, *opts, token=token)
+    pid = _state(mp)["pid"]
+    try:
+        yield pid
+    finally:
+        force_unmount(mp)
+    deadline = time.monotonic() + 10
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _state(mp: str) -> dict | None:

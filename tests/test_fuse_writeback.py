@@ -20,12 +20,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from fabric.util.processes import process_alive
 from fabric.util.progress import Progress
 from fuse.flush import flush_journal
 from fuse.journal import Journal, Record
 from testbed.wanproxy import WanProxy
-from tests.fuse_helpers import _state, fabric, force_unmount, mount_log, mounted, needs_fuse
+from tests.fuse_helpers import fabric, mount_log, mount_to_kill, mounted, needs_fuse
 from tests.hubserver import ROOT, unique_name
 from tests.spokeserver import start_restartable_hub, wait_for
 
@@ -118,20 +117,6 @@ def _hub_with_repo(tmp_path) -> Iterator[tuple]:
         yield hub, plane, repo
 
 
-@contextlib.contextmanager
-def _mount_to_kill(server: str, token: str, repo: str, mp: str, opts: tuple[str, ...]) -> Iterator[int]:
-    """``fabric mount`` of ``repo@main`` in the background, for a test that kills it: yields
-    its pid; at the end the mount point is unmounted and the process gone."""
-    os.makedirs(mp, exist_ok=True)
-    fabric("mount", server, f"{repo}@main", mp, *opts, token=token)
-    pid = _state(mp)["pid"]
-    try:
-        yield pid
-    finally:
-        force_unmount(mp)
-    wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
-
-
 @needs_fuse
 def test_writeback_needs_rw_and_a_write_dir_and_one_mount_per_write_dir(hub, tmp_path):
     repo = unique_name("wbbad")
@@ -160,7 +145,7 @@ def test_fsync_returns_with_the_server_away_and_a_killed_mount_stages_its_parked
         write_dir = tmp_path / "writes"
         mp = str(tmp_path / "mnt")
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--server-timeout", "60", "--log-file", mp + ".mount.log")
-        with _mount_to_kill(hub.url, hub.token, repo, mp, opts) as pid:
+        with mount_to_kill(hub.url, hub.token, f"{repo}@main", mp, opts) as pid:
             shard = os.urandom(6 * 1024 * 1024)
             assert open(f"{mp}/old.txt").read() == "committed before\n"
             files = {name: open(f"{mp}/{name}", "wb") for name in ("shard.bin", "note.txt", "gone.bin", ".metadata.tmp")}
@@ -267,7 +252,7 @@ def test_a_mount_killed_while_it_stages_parked_files_stages_them_whole_when_rest
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--log-file", mp + ".mount.log")
         shards = {f"ckpt/shard{i}.bin": os.urandom(12 * 1024 * 1024) for i in range(4)}
         # (over 100 Mbit/s, so that the kill finds stagings under way)
-        with WanProxy("127.0.0.1", hub.port, rate_mbit=100) as link, _mount_to_kill(link.url_for(), hub.token, repo, mp, opts) as pid:
+        with WanProxy("127.0.0.1", hub.port, rate_mbit=100) as link, mount_to_kill(link.url_for(), hub.token, f"{repo}@main", mp, opts) as pid:
             os.mkdir(f"{mp}/ckpt")
             for name, data in shards.items():
                 with open(f"{mp}/{name}", "wb") as f:
@@ -300,7 +285,7 @@ def test_a_restarted_mount_serves_its_parked_files_at_once_and_stages_them_in_th
         mp = str(tmp_path / "mnt")
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--server-timeout", "60", "--log-file", mp + ".mount.log")
         big = os.urandom(24 * 1024 * 1024)
-        with _mount_to_kill(hub.url, hub.token, repo, mp, opts) as pid:
+        with mount_to_kill(hub.url, hub.token, f"{repo}@main", mp, opts) as pid:
             files = {name: open(f"{mp}/{name}", "wb") for name in ("big.bin", "old.txt")}  # (opening old.txt asks the server)
             files["big.bin"].write(big)
             files["old.txt"].write(b"rewritten, parked\n")
@@ -344,7 +329,7 @@ def test_saving_again_under_the_same_name_does_not_wait_for_the_last_saves_uploa
         mp = str(tmp_path / "mnt")
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--log-file", mp + ".mount.log")
         first, second = os.urandom(24 * 1024 * 1024), os.urandom(1024 * 1024)
-        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, _mount_to_kill(link.url_for(), hub.token, repo, mp, opts) as pid:
+        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, mount_to_kill(link.url_for(), hub.token, f"{repo}@main", mp, opts) as pid:
             sent = link.stats().bytes_up
             _save(f"{mp}/latest.pt", first)
             wait_for(lambda: link.stats().bytes_up - sent > 1024 * 1024, timeout=30, interval=0.05)  # its upload is under way
@@ -416,7 +401,7 @@ def test_a_truncating_open_of_a_parked_file_waiting_for_its_staging_keeps_the_pa
         mp = str(tmp_path / "mnt")
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--log-file", mp + ".mount.log")
         saved = os.urandom(512 * 1024)
-        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, _mount_to_kill(link.url_for(), hub.token, repo, mp, opts) as pid:
+        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, mount_to_kill(link.url_for(), hub.token, f"{repo}@main", mp, opts) as pid:
             for i in range(WORKERS):  # the workers' uploads: about 7 s in all
                 with open(f"{mp}/busy{i}.bin", "wb") as f:
                     f.write(os.urandom(4 * 1024 * 1024))
@@ -447,7 +432,7 @@ def test_attribute_changes_of_a_parked_file_do_not_wait_for_its_upload(tmp_path)
         src.write_bytes(os.urandom(8 * 1024 * 1024))
         os.chmod(src, 0o600)
         os.utime(src, ns=(1_600_000_000_000_000_000, 1_600_000_000_123_456_789))
-        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, _mount_to_kill(link.url_for(), hub.token, repo, mp, opts) as pid:
+        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, mount_to_kill(link.url_for(), hub.token, f"{repo}@main", mp, opts) as pid:
             t0 = time.monotonic()
             shutil.copy2(src, f"{mp}/weights.bin")
             assert time.monotonic() - t0 < 2.0, "the copy's chmod or utime staged the file"
@@ -505,7 +490,7 @@ def test_a_save_renamed_over_the_last_one_does_not_wait_for_its_upload(tmp_path)
             os.rename(f"{mp}/latest.pt.tmp", f"{mp}/latest.pt")
             return time.monotonic() - t0
 
-        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, _mount_to_kill(link.url_for(), hub.token, repo, mp, opts) as pid:
+        with WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link, mount_to_kill(link.url_for(), hub.token, f"{repo}@main", mp, opts) as pid:
             save(versions[0])
             wait_for(lambda: not _records(write_dir), timeout=60, interval=0.1)
             assert plane.read(repo, "main", "latest.pt") == versions[0]
@@ -602,7 +587,7 @@ def test_mount_flush_stages_what_a_killed_mount_parked_with_its_attributes(tmp_p
         mp = str(tmp_path / "mnt")
         opts = ("--rw", "--writeback", "--write-dir", str(write_dir), "--server-timeout", "60", "--log-file", mp + ".mount.log")
         shard = os.urandom(3 * 1024 * 1024)
-        with _mount_to_kill(hub.url, hub.token, repo, mp, opts) as pid:
+        with mount_to_kill(hub.url, hub.token, f"{repo}@main", mp, opts) as pid:
             files = {name: open(f"{mp}/{name}", "wb") for name in ("shard.bin", "notes.txt")}
             files["shard.bin"].write(shard)
             files["notes.txt"].write(b"step 100\n")

@@ -29,7 +29,9 @@ anything else goes through torch Distributed Checkpoint (``FsspecWriter``/``Fssp
 on ``fabric://``), single-process or on every rank of an initialized process group, rank 0
 beginning and finishing. A mount of the repository at a checkpoint's commit serves the same
 directory to DCP's ``FileSystemReader``. One writer per run at a time: a second one's
-commit fails its compare-and-swap.
+commit fails its compare-and-swap. A plain DCP save into ``step-N/`` through a mount of the
+run's branch with ``--commit-checkpoints`` is tagged the same way, so it is listed here too
+(its commits form a chain on the branch, so retention does not free its chunks).
 
 :mod:`.names` names the refs, :mod:`.retention` the policy, :mod:`.run` the save protocol
 and reads, :mod:`.files` and :mod:`.dcp` the two formats. Importing this package never
