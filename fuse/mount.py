@@ -72,11 +72,11 @@ def read_state(mountpoint: str) -> dict | None:
 
 
 def open_plane(server: str, token: str | None, durability: str):
-    from fabric.client.http import HttpPlane
+    from fabric.client.http import HttpPlane, durability_header
 
     plane = HttpPlane(server, token)
     # Spokes acknowledge writes once durable at this level; a hub is always at "hub".
-    plane.http.headers["X-Fabric-Durability"] = durability
+    plane.http.headers.update(durability_header(durability))
     return plane
 
 

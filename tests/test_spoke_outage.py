@@ -23,6 +23,7 @@ from fabric.format import frames, packs
 from fabric.format.chunking import chunk_id
 from fabric.format.ingest import PackSession, file_entry, ingest_stream
 from fabric.format.model import Entry
+from fabric.fsspec import FabricFileSystem
 from spoke.plane import SpokePlane
 from testbed.wanproxy import WanProxy
 from tests.hubserver import unique_name
@@ -232,6 +233,39 @@ def test_hub_durability_is_the_default_and_fails_clearly_when_the_hub_is_away(
         assert r.status_code == 503
         assert "hub" in r.json()["error"]["message"]
         assert spoke.stats()["writeback_pending"] == 0
+
+
+def test_fabric_fsspec_asks_the_spoke_for_the_durability_it_is_given(outage, monkeypatch) -> None:
+    """``fabric://``'s ``durability=`` (or ``$FABRIC_DURABILITY``) goes with every write: ``local``
+    writes while the hub is away; the spoke's default (``hub``) fails clearly; a bad level is
+    refused before anything is sent."""
+    hub, spoke = outage
+    repo = unique_name("fsdur")
+    hub.plane().create_repo(repo)
+
+    def fs(**options):
+        return FabricFileSystem(server=spoke.url, token=hub.token, skip_instance_cache=True, **options)
+
+    with pytest.raises(ValueError, match="unknown durability 'disk': use one of local, replicated, hub"):
+        fs(durability="disk")
+    local, default = fs(durability="local"), fs()
+    monkeypatch.setenv("FABRIC_DURABILITY", "local")
+    from_env = fs()
+    data = random_bytes(300_000, 21)
+    for f in (local, default, from_env):
+        assert not f.exists(f"{repo}@main/kept.bin")  # (the spoke now knows the token and the branch)
+    hub.kill()
+    local.pipe_file(f"{repo}@main/kept.bin", data)
+    from_env.pipe_file(f"{repo}@main/env.bin", b"from the environment")
+    assert local.cat_file(f"{repo}@main/kept.bin") == data
+    with pytest.raises(OSError, match="hub"):
+        default.pipe_file(f"{repo}@main/lost.bin", b"not kept")
+    hub.start()
+    plane = hub.plane()
+    wait_for(lambda: spoke.stats()["writeback_pending"] == 0, timeout=30)
+    assert plane.read(repo, "main", "kept.bin") == data
+    assert plane.read(repo, "main", "env.bin") == b"from the environment"
+    assert sorted(p for p, _ in plane.walk(repo, "main")) == ["env.bin", "kept.bin"]
 
 
 def _local_upload(sp, repo: str, data: bytes) -> Entry:

@@ -54,9 +54,10 @@ __all__ = ["Checkpoint", "Checkpoints", "Retention", "latest", "list_checkpoints
 
 def save(state_dict: Mapping[str, Any], step: int, *, repo: str, run: str = "default", **kwargs: Any) -> Checkpoint:
     """Save one step of ``run`` in ``repo``; ``kwargs`` are :class:`Checkpoints`' options
-    (``server``, ``token``, ``branch``, ``retention``, ``create_repo``) and the save's
-    (``overwrite``, DCP writer options)."""
-    options = {k: kwargs.pop(k) for k in ("branch", "server", "token", "retention", "create_repo") if k in kwargs}
+    (``server``, ``token``, ``branch``, ``retention``, ``create_repo``, ``copies``,
+    ``durability``) and the save's (``overwrite``, DCP writer options)."""
+    names = ("branch", "server", "token", "retention", "create_repo", "copies", "durability")
+    options = {k: kwargs.pop(k) for k in names if k in kwargs}
     return Checkpoints(repo, run, **options).save(state_dict, step, **kwargs)
 
 

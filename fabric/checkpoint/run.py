@@ -55,7 +55,9 @@ class Checkpoints:
     ``create_repo`` lets the first save create a missing repository; ``copies``: a directory
     on this machine's disk where the files of 1 MiB or more a save writes leave plain copies,
     which a load on this machine reads at the local disk's speed (``fabric://``'s ``copies=``,
-    default ``$FABRIC_COPIES``)."""
+    default ``$FABRIC_COPIES``); ``durability``: how stored each file a save writes through a
+    spoke must be before the save goes on (``local``, ``replicated``, ``hub``; ``fabric://``'s
+    ``durability=``, default ``$FABRIC_DURABILITY``, else the spoke's own default)."""
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class Checkpoints:
         retention: Retention | None = None,
         create_repo: bool = True,
         copies: str | None = None,
+        durability: str | None = None,
     ) -> None:
         try:
             self.repo = check_repo_name(repo)
@@ -81,7 +84,7 @@ class Checkpoints:
         token = token if token is not None else os.environ.get("FABRIC_TOKEN")
         #: What ``fabric://`` needs to reach the server: DCP's readers and writers get it too.
         self.storage_options: dict[str, Any] = {"server": server or os.environ.get("FABRIC_SERVER"), "token": token,
-                                                "copies": copies}
+                                                "copies": copies, "durability": durability}
         self.fs = FabricFileSystem(**self.storage_options, skip_instance_cache=True)
         self.plane = self.fs.plane
 

@@ -120,6 +120,17 @@ class Timeouts:
         return httpx.Timeout(connect=self.connect, read=self.slow if slow else self.read, write=self.write, pool=self.pool)
 
 
+#: What a write may ask of a spoke with ``X-Fabric-Durability`` (DESIGN.md §3; a hub meets every level).
+DURABILITY_LEVELS = ("local", "replicated", "hub")
+
+
+def check_durability(durability: str) -> str:
+    """``durability`` if it is one of :data:`DURABILITY_LEVELS`; ValueError otherwise."""
+    if durability not in DURABILITY_LEVELS:
+        raise ValueError(f"unknown durability {durability!r}: use one of {', '.join(DURABILITY_LEVELS)}")
+    return durability
+
+
 def durability_header(durability: str | None) -> dict[str, str]:
     """The request header that asks a spoke for a durability level (none: the server's default)."""
     return {"X-Fabric-Durability": durability} if durability is not None else {}

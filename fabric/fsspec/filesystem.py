@@ -37,7 +37,7 @@ from fsspec.spec import AbstractFileSystem
 from fabric import errors
 from fabric.cache.files import MIN_SIZE
 from fabric.client.copies import open_copy, seeder
-from fabric.client.http import HttpPlane
+from fabric.client.http import HttpPlane, check_durability, durability_header
 from fabric.format.links import NAMES
 from fabric.format.model import DIR, FILE, SYMLINK, Entry, stored_ids
 from fabric.format.namespace import visible
@@ -72,7 +72,10 @@ class FabricFileSystem(AbstractFileSystem):
     leaves one there (a checkpoint restored on the machine that saved it), within
     ``copies_size`` (least recently opened first). Only a directory no one else can write to:
     what is in it is what is read. It is shared with ``fabric mount --seed-copies DIR`` and ``--passthrough
-    --copies-dir DIR``.
+    --copies-dir DIR``. ``durability``: when a write through a spoke returns (``local``: on
+    the spoke's disk; ``replicated``: also on a peer spoke's; ``hub``: at the hub; default
+    ``$FABRIC_DURABILITY``, else the spoke's ``--durability``), as ``fabric mount
+    --durability`` asks; a hub meets every level.
 
     Creating one has the process keep the buffers it frees for reuse
     (:func:`fabric.util.heap.reuse_freed_buffers`: reads of large files take a third less
@@ -92,8 +95,12 @@ class FabricFileSystem(AbstractFileSystem):
         entries: CommitEntries | None = None,
         copies: str | None = None,
         copies_size: int | str = "5G",
+        durability: str | None = None,
         **kwargs: Any,
     ) -> None:
+        durability = durability or os.environ.get("FABRIC_DURABILITY") or None
+        if durability is not None:
+            check_durability(durability)
         super().__init__(**kwargs)
         reuse_freed_buffers()
         server = server or os.environ.get("FABRIC_SERVER")
@@ -102,6 +109,7 @@ class FabricFileSystem(AbstractFileSystem):
         token = token if token is not None else os.environ.get("FABRIC_TOKEN")
         with fs_errors("fabric://"):
             self.plane = HttpPlane(server, token or None, timeout=timeout, job=job)
+        self.plane.http.headers.update(durability_header(durability))  # on every write it sends
         self.commit_message = commit
         self._default_branch: dict[str, str] = {}
         self._branches: dict[str, set[str]] = {}
