@@ -37,7 +37,7 @@ def fuse_unavailable_reason() -> str | None:
     if not (shutil.which("fusermount3") or shutil.which("fusermount")):
         return "fusermount3 is not installed (make deps / scripts/install-system-deps.sh)"
     try:
-        import mfusepy  # noqa: F401
+        import fuse.libfuse  # noqa: F401 - mfusepy, loading libfuse 3 also where libfuse 2 is installed (fuse/__init__.py)
     except (ImportError, OSError, AttributeError) as exc:
         return f"mfusepy cannot load libfuse: {exc}"
     return None

@@ -22,10 +22,10 @@ import pytest
 from fabric.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
 from fabric.util.net import free_port
 from spoke.mirrors import MirrorStore, Upload
-from tests.fuse_helpers import fabric, mount_stats, mounted, needs_fuse
+from tests.fuse_helpers import fabric, mount_stats, mount_to_kill, mounted, needs_fuse
 from tests.hubserver import Hub, unique_name
 from tests.spokeserver import random_bytes, start_spoke, wait_for
-from tests.test_fuse_writeback import _kill_with_open, _mount_to_kill
+from tests.test_fuse_writeback import _kill_with_open
 from tests.test_spoke_replicated import new_repo, pair, spoke_token
 
 MOUNT, OTHER = "a" * 32, "b" * 32
@@ -245,7 +245,7 @@ def test_losing_the_mounts_machine_after_fsync_loses_nothing(hub: Hub, tmp_path)
     data = random_bytes(2 << 20, 62)
     with pair(hub, tmp_path, takeover=5.0) as p:
         mp = str(tmp_path / "mnt")
-        with _mount_to_kill(p.a.url, p.token, repo, mp, _opts(tmp_path / "w")) as pid:
+        with mount_to_kill(p.a.url, p.token, f"{repo}@main", mp, _opts(tmp_path / "w")) as pid:
             os.makedirs(f"{mp}/ckpt")
             shard = _fsynced(f"{mp}/ckpt/shard.bin", data)
             meta = _fsynced(f"{mp}/ckpt/.metadata.tmp", b"step 1")  # DCP's last step
@@ -278,7 +278,7 @@ def test_a_mount_restarted_in_time_takes_its_copies_back_and_the_peer_stages_not
     data = random_bytes(1 << 20, 63)
     with pair(hub, tmp_path, takeover=60.0) as p:
         mp = str(tmp_path / "mnt")
-        with _mount_to_kill(p.a.url, p.token, repo, mp, _opts(tmp_path / "w")) as pid:
+        with mount_to_kill(p.a.url, p.token, f"{repo}@main", mp, _opts(tmp_path / "w")) as pid:
             shard = _fsynced(f"{mp}/shard.bin", data)
             assert p.b.stats()["mirrors_files"] == 1
             _kill_with_open(pid, shard)
