@@ -25,7 +25,7 @@ gains from deduplication), written by one thread each in 4 MiB ``write()``
 calls, each thread fsyncs and closes its file; then a small ``.metadata.tmp``
 is written, fsynced, and renamed over ``.metadata`` (what
 torch.distributed.checkpoint's FileSystemWriter does). Each round writes into a
-fresh ``ckpt-<round>`` directory, which is created before the clock starts.
+fresh ``step-<round>`` directory, which is created before the clock starts.
 
 Systems (order rotating round by round):
 
@@ -37,6 +37,10 @@ Systems (order rotating round by round):
 - ``fabric-writeback-replicated``: ``--durability replicated --writeback`` (fsync
   returns once the file is journaled on this machine's disk and the peer spoke
   keeps a copy of it on its disk: fuse/mirror.py; staged at ``replicated`` after)
+- ``fabric-writeback-tagged``: ``fabric-writeback`` with ``--commit-checkpoints``
+  (the rename of ``.metadata`` has the mount commit the step and tag it
+  ``main.step-N`` in the background); its extra figure is the time until that
+  tag is at the hub, i.e. until ``fabric checkpoints`` lists the step
 - ``fabric-local-whole``: the same with ``--no-stream-writes`` (each file
   chunked at its fsync: the behaviour before streaming, for an A/B in one run)
 - ``fabric-replicated``: ``--durability replicated`` (fsync returns once the
@@ -50,6 +54,11 @@ Systems (order rotating round by round):
   With 0 s, rclone 1.60 starts uploading ``.metadata.tmp`` before the rename
   arrives, then fails ("corrupted on transfer: md5 hash differ") and
   ``.metadata`` never reaches the remote; a hold of 1 s lets the rename win.
+- ``s3fs``: ``s3fs repo:/main MNT -o url=WAN -o use_path_request_style -o
+  use_cache=DIR`` (s3fs-fuse, as its users run it against an S3-compatible store;
+  its defaults otherwise: 10 MiB multipart parts, 5 in parallel) through the same
+  link as rclone: it uploads a file at its flush (fsync, close), so the writer
+  waits for the upload. At hub as for rclone.
 - ``local-disk``: a plain directory on the same disk (the floor)
 
 Figures per round:
@@ -88,7 +97,8 @@ the WAN and stored at the hub, against the bytes that changed.
     python bench/bench_checkpoint.py --shards 2 --shard-mib 8 --runs 1   # smoke test
     python bench/bench_checkpoint.py --json-out r.json --md-out r.md
 
-Needs root or user FUSE (``/dev/fuse``, ``fusermount3``) and ``rclone`` on PATH.
+Needs root or user FUSE (``/dev/fuse``, ``fusermount3``) and ``rclone`` on PATH (``s3fs``, from
+Debian's s3fs package, for its row).
 """
 
 from __future__ import annotations
@@ -122,8 +132,8 @@ MiB = 1024 * 1024
 WRITE_SIZE = 4 * MiB
 POLL_S = 0.1
 META_TMP, META = ".metadata.tmp", ".metadata"
-SYSTEMS = ("fabric-local", "fabric-writeback", "fabric-writeback-replicated", "fabric-local-whole", "fabric-replicated", "fabric-hub",
-           "rclone", "local-disk")
+SYSTEMS = ("fabric-local", "fabric-writeback", "fabric-writeback-replicated", "fabric-writeback-tagged", "fabric-local-whole",
+           "fabric-replicated", "fabric-hub", "rclone", "s3fs", "local-disk")
 #: Tensors per shard in the dedup rounds; a frozen-backbone step changes ``--changed`` of them.
 TENSORS = 16
 
@@ -249,7 +259,8 @@ class Hub:
         return r.json()["s3_access_key_id"], r.json()["s3_secret_access_key"]
 
     def commit(self, repo: str, message: str) -> str:
-        r = self.http.post(f"/repos/{repo}/branches/main/commits", json={"message": message})
+        # (allow_empty: a mount with --commit-checkpoints has committed the checkpoint itself)
+        r = self.http.post(f"/repos/{repo}/branches/main/commits", json={"message": message, "allow_empty": True})
         r.raise_for_status()
         return r.json()["id"]
 
@@ -278,6 +289,11 @@ class Hub:
         if self.exists(repo, commit, f"{directory}/{META_TMP}"):
             raise SystemExit(f"{repo}@{commit}:{directory}/{META_TMP} is still there after the rename")
         return commit
+
+    def tags(self, repo: str) -> set[str]:
+        r = self.http.get(f"/repos/{repo}/tags")
+        r.raise_for_status()
+        return {t["name"] for t in r.json()}
 
     def stored_bytes(self) -> int:
         r = self.http.get("/stats")
@@ -345,27 +361,29 @@ class System:
 
 
 class FabricMount(System):
-    def __init__(self, env: Env, durability: str, stream: bool = True, writeback: bool = False) -> None:
+    def __init__(self, env: Env, durability: str, stream: bool = True, writeback: bool = False, tagged: bool = False) -> None:
         """``stream=False``: ``--no-stream-writes`` (each file chunked at fsync, as before streaming);
-        ``writeback``: ``--writeback`` (fsync returns once the file is on the mount's disk)."""
-        self.env, self.durability, self.stream, self.writeback = env, durability, stream, writeback
+        ``writeback``: ``--writeback`` (fsync returns once the file is on the mount's disk);
+        ``tagged``: ``--commit-checkpoints`` (the rename of ``.metadata`` commits and tags the step)."""
+        self.env, self.durability, self.stream, self.writeback, self.tagged = env, durability, stream, writeback, tagged
         if writeback:
-            self.name = "fabric-writeback" + ("-replicated" if durability == "replicated" else "")
+            self.name = "fabric-writeback" + ("-replicated" if durability == "replicated" else "") + ("-tagged" if tagged else "")
         else:
             self.name = f"fabric-{durability}" + ("" if stream else "-whole")
         self.repo = f"ckpt-{self.name}"
         base = os.path.join(env.work, self.name)
         self.root, self.log, self.write_dir = f"{base}-mnt", f"{base}.log", f"{base}-writes"
         #: --writeback: the files staged are left as plain copies here, for the restore's --passthrough mount
-        self.copies = f"{base}-copies" if writeback else None
+        self.copies = f"{base}-copies" if writeback and not tagged else None
+        self.tagged_s: float | None = None
         self.cli = [env.python, "-m", "fabric.cli.main"]
         env.hub.create_repo(self.repo)
 
     def mount_cmd(self, token: str) -> list[str]:
         return [*self.cli, "mount", self.env.spoke_url, f"{self.repo}@main", self.root, "--rw", "--durability",
                 self.durability, "--token", token, "--write-dir", self.write_dir, "--log-file", self.log,
-                *([] if self.stream else ["--no-stream-writes"]),
-                *(["--writeback", "--seed-copies", self.copies] if self.copies else [])]
+                *([] if self.stream else ["--no-stream-writes"]), *(["--writeback"] if self.writeback else []),
+                *(["--seed-copies", self.copies] if self.copies else []), *(["--commit-checkpoints"] if self.tagged else [])]
 
     def describe(self) -> str:
         return " ".join(self.mount_cmd("TOKEN")).replace(self.env.python, "python")
@@ -383,7 +401,8 @@ class FabricMount(System):
         subprocess.run([*self.cli, "umount", self.root, "--timeout", "300"], env=fabric_env(), cwd=FABRIC_SRC,
                        capture_output=True, check=False)
         unmount(self.root)
-        return {"umount_s": time.perf_counter() - t0}
+        tagged, self.tagged_s = self.tagged_s, None
+        return {"umount_s": time.perf_counter() - t0, **({"tagged_s": tagged} if tagged is not None else {})}
 
     def wan_bytes_up(self) -> int:
         return self.env.wan_rest.bytes_up
@@ -405,6 +424,10 @@ class FabricMount(System):
             if self.pending():
                 raise SystemExit("fabric-hub: the spoke still has writes queued after fsync with --durability hub")
             return stall
+        if self.tagged and directory.startswith("step-"):
+            tag = f"main.{directory}"
+            self.tagged_s = wait_until(lambda: tag in self.env.hub.tags(self.repo), t0, push_timeout(ckpt, self.env.rate_mbit),
+                                       f"the tag {tag}", self.log)
         return wait_until(lambda: self.parked() == 0 and self.pending() == 0, t0, push_timeout(ckpt, self.env.rate_mbit), "the spoke's write-back to reach the hub",
                           os.path.join(self.env.work, "spoke.log"))
 
@@ -473,7 +496,7 @@ class RcloneMount(System):
         from botocore.config import Config
 
         self.env = env
-        self.repo = "ckpt-rclone"
+        self.repo = f"ckpt-{self.name}"
         base = os.path.join(env.work, self.name)
         self.root, self.log, self.cache = f"{base}-mnt", f"{base}.log", f"{base}-cache"
         self.proc: subprocess.Popen | None = None
@@ -490,7 +513,7 @@ class RcloneMount(System):
     def describe(self) -> str:
         return " ".join(self.cmd())
 
-    def rclone_env(self) -> dict[str, str]:
+    def mount_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RCLONE_"))}
         ak, sk = self.env.s3_keys
         p = "RCLONE_CONFIG_WAN_"
@@ -502,14 +525,14 @@ class RcloneMount(System):
     def mount(self) -> None:
         remove(self.cache)
         os.makedirs(self.root, exist_ok=True)
-        self.proc = subprocess.Popen(self.cmd(), env=self.rclone_env(), stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(self.cmd(), env=self.mount_env(), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while not os.path.ismount(self.root):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 rc = self.proc.poll()
                 self.unmount()
-                raise SystemExit(f"rclone mount did not come up (exit {rc}):\n{tail(self.log)}")
+                raise SystemExit(f"{self.name} mount did not come up (exit {rc}):\n{tail(self.log)}")
             time.sleep(0.1)
 
     def unmount(self) -> dict:
@@ -547,11 +570,34 @@ class RcloneMount(System):
         return self.head_size(f"{directory}/{META_TMP}") is None
 
     def at_hub(self, directory: str, ckpt: Checkpoint, t0: float, stall: float) -> float:
-        return wait_until(lambda: self.landed(directory, ckpt), t0, push_timeout(ckpt, self.env.rate_mbit), "rclone's uploads to reach the hub",
-                          self.log)
+        return wait_until(lambda: self.landed(directory, ckpt), t0, push_timeout(ckpt, self.env.rate_mbit),
+                          f"{self.name}'s uploads to reach the hub", self.log)
 
     def verify(self, directory: str, ckpt: Checkpoint) -> str:
         return self.env.hub.verify(self.repo, directory, ckpt)
+
+
+class S3fsMount(RcloneMount):
+    """s3fs-fuse, as its users run it against an S3-compatible store: path-style requests, a
+    local cache directory, multipart uploads of 10 MiB parts, 5 in parallel (its defaults).
+    It uploads a file when it is flushed (close, fsync): the writer waits for the upload."""
+
+    name = "s3fs"
+
+    def cmd(self) -> list[str]:
+        return ["s3fs", f"{self.repo}:/main", self.root, "-f", "-o", f"url={self.env.wan_s3.url_for()}", "-o", "use_path_request_style",
+                "-o", f"passwd_file={self.log}.passwd", "-o", f"use_cache={self.cache}", "-o", "dbglevel=warn",
+                "-o", f"logfile={self.log}"]
+
+    def describe(self) -> str:
+        return " ".join(self.cmd())
+
+    def mount_env(self) -> dict[str, str]:
+        ak, sk = self.env.s3_keys
+        fd = os.open(f"{self.log}.passwd", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{ak}:{sk}\n")
+        return {k: v for k, v in os.environ.items() if not k.startswith("AWS")}
 
 
 class LocalDisk(System):
@@ -586,7 +632,7 @@ class LocalDisk(System):
 def run_round(system: System, rnd: int, n_shards: int, shard_bytes: int) -> dict:
     """Mount, write one fresh checkpoint, wait until it is at the hub, verify it, unmount."""
     ckpt = Checkpoint.fresh(n_shards, shard_bytes, f"{system.name}-{rnd}")
-    return {"system": system.name, "round": rnd, **write_round(system, ckpt, f"ckpt-{rnd}")}
+    return {"system": system.name, "round": rnd, **write_round(system, ckpt, f"step-{rnd}")}
 
 
 def write_round(system: System, ckpt: Checkpoint, directory: str, restore: bool = True) -> dict:
@@ -654,10 +700,12 @@ def make_systems(env: Env, only: list[str] | None) -> list[System]:
         "fabric-local": lambda: FabricMount(env, "local"),
         "fabric-writeback": lambda: FabricMount(env, "local", writeback=True),
         "fabric-writeback-replicated": lambda: FabricMount(env, "replicated", writeback=True),
+        "fabric-writeback-tagged": lambda: FabricMount(env, "local", writeback=True, tagged=True),
         "fabric-local-whole": lambda: FabricMount(env, "local", stream=False),
         "fabric-replicated": lambda: FabricMount(env, "replicated"),
         "fabric-hub": lambda: FabricMount(env, "hub"),
         "rclone": lambda: RcloneMount(env),
+        "s3fs": lambda: S3fsMount(env),
         "local-disk": lambda: LocalDisk(env),
     }
     return [factories[name]() for name in SYSTEMS if not only or name in only]
@@ -713,7 +761,8 @@ def measure(args: argparse.Namespace, work: str) -> tuple[list[dict], list[dict]
 
 
 # -- report ----------------------------------------------------------------------------------
-ROWS = (("stall_s", "stall", "s"), ("at_hub_s", "at hub", "s"), ("stall_mb_s", "stall throughput", "MB/s"),
+ROWS = (("stall_s", "stall", "s"), ("at_hub_s", "at hub", "s"),
+        ("tagged_s", "listed complete: its tag at the hub (fabric-writeback-tagged)", "s"), ("stall_mb_s", "stall throughput", "MB/s"),
         ("wan_mb_up", "sent over the WAN", "MB"),
         ("restore_warm_s", "restore: warm spoke (local-disk: from disk)", "s"),
         ("restore_warm_files_s", "restore: warm spoke, the mount reading its cache files", "s"),
@@ -756,15 +805,15 @@ def render(report: dict) -> str:
     p, m, s = report["params"], report["machine"], report["summary"]
     lines = [
         (f"- machine: {m.get('host_cpus')} CPUs ({m.get('cpu', '?')}), {m.get('mem_gib', '?')} GiB RAM, "
-        f"{m.get('platform')}, Python {m.get('python')}; {report['rclone_version']}"),
+        f"{m.get('platform')}, Python {m.get('python')}; {report['rclone_version']}; {report.get('s3fs_version', '-')}"),
         f"- fabric at {m.get('fabric_commit')}",
-        f"- WAN: {p['rtt_ms']:g} ms RTT, {p['rate_mbit']:g} Mbit/s each way (WanProxy; one link spoke->hub REST, one rclone->hub S3)",
+        f"- WAN: {p['rtt_ms']:g} ms RTT, {p['rate_mbit']:g} Mbit/s each way (WanProxy; one link spoke->hub REST, one rclone or s3fs->hub S3)",
         (f"- checkpoint: {p['shards']} x {p['shard_mib']} MiB fresh random bytes, one thread per shard, "
         f"{WRITE_SIZE // MiB} MiB writes, fsync, close; then .metadata.tmp written, fsynced, renamed to .metadata"),
         (f"- {p['runs']} round(s), systems' order rotating; medians (min..max); ratios = fabric-local's figure / the other's, "
         "median of the per-round ratios"),
         ("- at hub: fabric-local = spoke `writeback_pending` reached 0; fabric-hub = the stall; "
-        "rclone = every file answers HEAD with its size on the hub's S3 port (no WAN), .metadata.tmp gone"),
+        "rclone and s3fs = every file answers HEAD with its size on the hub's S3 port (no WAN), .metadata.tmp gone"),
         "- every round committed at the hub and each file read back and compared by sha256 (local-disk: read back from the directory): all matched",
         ("- restore: every shard read back, one thread each, sha256 checked, after dropping the page cache: local-disk from its disk; "
          "fabric-local through a read-only `fabric mount SPOKE repo@COMMIT` of the spoke that wrote it (warm), the same with "
@@ -842,7 +891,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    for tool in ("rclone", "fusermount3"):
+    for tool in ("rclone", "fusermount3", *(["s3fs"] if not args.only or "s3fs" in args.only else [])):
         if not shutil.which(tool):
             raise SystemExit(f"bench_checkpoint.py: {tool} is not on PATH")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that every finally below runs
@@ -855,6 +904,8 @@ def main() -> None:
     report = {
         "machine": machine(),
         "rclone_version": subprocess.run(["rclone", "version"], capture_output=True, text=True, check=False).stdout.splitlines()[0],
+        "s3fs_version": (subprocess.run(["s3fs", "--version"], capture_output=True, text=True, check=False).stdout.splitlines() or ["-"])[0]
+        if shutil.which("s3fs") else "-",
         "params": {"shards": args.shards, "shard_mib": args.shard_mib, "write_size": WRITE_SIZE, "runs": args.runs,
                    "rtt_ms": args.rtt_ms, "rate_mbit": args.rate_mbit, "changed_tensors": args.changed_tensors},
         "command": " ".join(["python", os.path.relpath(sys.argv[0], os.path.dirname(HERE)), *sys.argv[1:]]),

@@ -3,6 +3,7 @@
 #
 #   fuse3 libfuse3-dev     FUSE mounts (fusermount3, libfuse3.so)
 #   restic rsync rclone    benchmark peers
+#   s3fs                   s3fs-fuse, a benchmark peer (bench_checkpoint.py)
 #   postgresql             PostgreSQL catalog tests (only if no initdb anywhere)
 #   procps                 ps/pkill used by tests and scripts
 #   prometheus systemd     promtool and systemd-analyze check deploy/ (tests/test_deploy.py)
@@ -13,11 +14,11 @@
 # when nothing is missing). Otherwise: prints what is missing and exits 0.
 # Idempotent; takes well under a second when everything is present.
 # A failure to install fuse3, postgresql, procps, prometheus, systemd, chromium or python3-venv is an error;
-# the benchmark peers (restic, rsync) and libfuse3-dev only warn; rclone is a test peer (S3).
+# the benchmark peers (restic, rsync, s3fs) and libfuse3-dev only warn; rclone is a test peer (S3).
 set -euo pipefail
 
 PY="${PY:-python3}"
-OPTIONAL=" restic rsync libfuse3-dev "
+OPTIONAL=" restic rsync s3fs libfuse3-dev "
 
 log() { printf 'install-system-deps: %s\n' "$*" >&2; }
 
@@ -57,6 +58,7 @@ check fuse3        'command -v fusermount3'
 check libfuse3-dev '[ -e /usr/include/fuse3/fuse.h ]'
 check restic       'command -v restic'
 check rsync        'command -v rsync'
+check s3fs         'command -v s3fs'
 check rclone       'command -v rclone'
 check procps       'command -v ps && command -v pkill'
 check prometheus   'command -v promtool'

@@ -73,6 +73,8 @@ BATCH = 256
 EARLY_BATCH = 2048
 #: Packs (of half the target pack size) uploaded to the hub at once by the flusher.
 PUSH_DEPTH = 3
+#: The longest a push waits for the same chunks' upload by another push to end.
+UPLOAD_WAIT = 300.0
 #: Rounds of early chunks follow one another without a pause for this long (seconds): the
 #: next round's question goes while the last round's packs are still on the link. Then the
 #: flusher turns to the branches' queued writes before it sends more early chunks.
@@ -97,6 +99,9 @@ class WriteBack:
         self._wake = threading.Condition(self._lock)
         #: One batch goes to the hub at a time (the flusher, or a commit's flush of its branch).
         self._sending = threading.Lock()
+        #: Chunks on their way to the hub, by repository: a push of the same ones waits for them.
+        self._uploading: collections.Counter[tuple[str, bytes]] = collections.Counter()
+        self._landing = threading.Condition(self._lock)
         self._db = sqlite.connect(path, durability="full")  # guarded by self._lock
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS ops (id INTEGER PRIMARY KEY AUTOINCREMENT, repo TEXT NOT NULL, "
@@ -528,28 +533,65 @@ class WriteBack:
         if uploads is None:
             with Inflight(PUSH_DEPTH, "writeback-push") as own:
                 return self._push_chunks(repo, ids, skip_absent, landed, own)
+        ids = list(dict.fromkeys(ids))
+        self._claim(repo, ids)
+        claimed = set(ids)  # released here unless handed to a pack submitted, which releases its own
         sent = 0
         builder = packs.PackBuilder()
-        for cid in self.upstream.missing_chunks(ids, repo=repo) if ids else []:
-            frame = self.cache.get(cid)
-            if frame is None and skip_absent:
-                continue
-            if frame is None:
-                raise Unavailable(f"queued chunk {cid.hex()} is missing from the spoke cache")
-            sent += 1
-            builder.add(cid, frame)
-            if builder.size >= packs.TARGET_SIZE // 2:
-                uploads.submit(functools.partial(self._upload_pack, repo, builder, landed))
-                builder = packs.PackBuilder()
-        if len(builder):
-            uploads.submit(functools.partial(self._upload_pack, repo, builder, landed))
+        try:
+            for cid in self.upstream.missing_chunks(ids, repo=repo) if ids else []:
+                frame = self.cache.get(cid)
+                if frame is None and skip_absent:
+                    continue
+                if frame is None:
+                    raise Unavailable(f"queued chunk {cid.hex()} is missing from the spoke cache")
+                sent += 1
+                builder.add(cid, frame)
+                if builder.size >= packs.TARGET_SIZE // 2:
+                    claimed -= builder.ids
+                    self._submit_pack(uploads, repo, builder, landed)
+                    builder = packs.PackBuilder()
+            if len(builder):
+                claimed -= builder.ids
+                self._submit_pack(uploads, repo, builder, landed)
+        finally:
+            self._release(repo, claimed)
         return sent
+
+    def _submit_pack(self, uploads: Inflight, repo: str, builder: packs.PackBuilder, landed: Callable[[list[bytes]], None] | None) -> None:
+        uploads.submit(functools.partial(self._upload_pack, repo, builder, landed),
+                       on_cancel=functools.partial(self._release, repo, list(builder.ids)))
 
     def _upload_pack(self, repo: str, builder: packs.PackBuilder, landed: Callable[[list[bytes]], None] | None) -> None:
         """Send a full pack (from an upload thread); tell ``landed`` its ids once the hub has it."""
-        self.upstream.receive_pack(builder.finish(), repo=repo)
+        try:
+            self.upstream.receive_pack(builder.finish(), repo=repo)
+        finally:
+            self._release(repo, builder.ids)
         if landed is not None:
             landed(list(builder.ids))
+
+    def _claim(self, repo: str, ids: list[bytes]) -> None:
+        """Mark ``ids`` (unique) as being pushed, once no other push has any of them (or
+        :data:`UPLOAD_WAIT` passed): a commit flushing its branch while the chunks it needs go
+        up early then asks the hub which it lacks only once they are there, and sends none
+        twice. A pack that failed leaves its chunks missing, and they are sent."""
+        with self._landing:
+            if self._uploading:
+                self._landing.wait_for(lambda: not any((repo, cid) in self._uploading for cid in ids), UPLOAD_WAIT)
+            for cid in ids:
+                self._uploading[(repo, cid)] += 1
+
+    def _release(self, repo: str, ids: Iterable[bytes]) -> None:
+        """``ids`` of ``repo`` are no longer being pushed (at the hub, not sent, or failed)."""
+        with self._landing:
+            for cid in ids:
+                key = (repo, cid)
+                if self._uploading[key] > 1:
+                    self._uploading[key] -= 1
+                else:
+                    self._uploading.pop(key, None)
+            self._landing.notify_all()
 
 
 def open_writeback(cache_dir: str, upload_hold: float = UPLOAD_HOLD) -> WriteBack:

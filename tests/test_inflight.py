@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 
+from fabric.util import inflight as inflight_module
 from fabric.util.inflight import Inflight
 
 _purpose: contextvars.ContextVar[str] = contextvars.ContextVar("purpose", default="none")
@@ -84,6 +86,35 @@ def test_an_exit_by_an_exception_does_not_wait_for_calls_still_running() -> None
         raise KeyError("caller failed")
     assert time.monotonic() - started < 2
     release.set()
+
+
+class _IdlePool:
+    """A stand-in for ThreadPoolExecutor whose calls wait in its queue until it shuts down."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.queued: list[Future] = []
+
+    def submit(self, fn, *args) -> Future:
+        self.queued.append(Future())
+        return self.queued[-1]
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        for f in self.queued:
+            if cancel_futures:
+                f.cancel()
+
+
+def test_a_call_closed_before_it_starts_is_told_instead(monkeypatch) -> None:
+    """A call the pool never started (closed after an error) has its ``on_cancel`` called,
+    once; the push of write-back relies on it to release the chunks it claimed."""
+    monkeypatch.setattr(inflight_module, "ThreadPoolExecutor", _IdlePool)
+    told: list[int] = []
+    inflight = Inflight(2, "t")
+    inflight.submit(lambda: None, on_cancel=lambda: told.append(1))
+    inflight.submit(lambda: None)  # (no on_cancel: nothing to tell)
+    assert told == []
+    inflight.close()
+    assert told == [1]
 
 
 def test_depth_below_one_is_refused() -> None:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fabric.client.http import UPLOAD_PACK_SIZE
+from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane
 from fabric.errors import BadRequest, ChunksMissing, StorageFull, Unavailable
 from fabric.format import frames, packs
 from fabric.format.chunking import chunk_id
@@ -266,6 +266,27 @@ def test_fabric_fsspec_asks_the_spoke_for_the_durability_it_is_given(outage, mon
     assert plane.read(repo, "main", "kept.bin") == data
     assert plane.read(repo, "main", "env.bin") == b"from the environment"
     assert sorted(p for p, _ in plane.walk(repo, "main")) == ["env.bin", "kept.bin"]
+
+
+def test_a_commit_while_chunks_go_up_early_sends_each_chunk_once(tmp_path) -> None:
+    """A file written at ``local`` goes up to the hub early, in the background. A commit right
+    after it (``--commit-checkpoints``, a checkpoint's ``finish()``) waits for those uploads
+    rather than asking the hub for the chunks while they are still on the link, and sending
+    them a second time."""
+    data = random_bytes(4 * 1024 * 1024, 31)
+    with (
+        start_restartable_hub(tmp_path / "hub") as hub,
+        WanProxy("127.0.0.1", hub.port, rate_mbit=20) as link,  # 4 MiB: about 1.7 s on the link
+        start_spoke(link.url_for(), tmp_path / "cache", "256MiB", token=hub.token) as spoke,
+    ):
+        repo = unique_name("early")
+        hub.plane().create_repo(repo)
+        plane = HttpPlane(spoke.url, hub.token)
+        sent = link.bytes_up
+        plane.put_object(repo, "main", "ckpt.bin", io.BytesIO(data), durability="local")
+        plane.commit(repo, "main", "right after the write")
+        assert hub.plane().read(repo, "main", "ckpt.bin") == data
+        assert link.bytes_up - sent < 1.2 * len(data), f"{link.bytes_up - sent} bytes sent up for {len(data)}"
 
 
 def _local_upload(sp, repo: str, data: bytes) -> Entry:

@@ -40,8 +40,9 @@ class Inflight:
         self._running: set[Future[object]] = set()
         self._error: BaseException | None = None
 
-    def submit(self, call: Callable[[], object]) -> None:
-        """Start ``call`` in the background once fewer than ``depth`` calls run."""
+    def submit(self, call: Callable[[], object], on_cancel: Callable[[], None] | None = None) -> None:
+        """Start ``call`` in the background once fewer than ``depth`` calls run; ``on_cancel`` is
+        called instead if it never starts (an exit by an exception, :meth:`close`)."""
         self.raise_error()
         self._slots.acquire()
         try:
@@ -54,6 +55,8 @@ class Inflight:
         except BaseException:
             self._slots.release()
             raise
+        if on_cancel is not None:
+            future.add_done_callback(lambda f: on_cancel() if f.cancelled() else None)
         future.add_done_callback(self._finished)
 
     def wait(self) -> None:
