@@ -22,8 +22,9 @@ The rename returns before any of this: training goes on while the thread works. 
 fails (the server away) is tried again every :data:`RETRY_SECONDS` until it succeeds or the
 mount ends; at unmount, pending checkpoints are tried once more. With ``--writeback``, a mount
 killed before it staged a checkpoint's ``.metadata`` leaves it parked in its journal; the
-mount that takes the journal over commits that checkpoint when it starts. (One killed after
-staging ``.metadata`` but before its commit leaves the checkpoint untagged: save it again.)
+mount that takes the journal over commits that checkpoint when it starts; one killed after
+staging it, but before the commit, leaves ``.metadata`` among the branch's uncommitted changes,
+and the next mount with ``--commit-checkpoints`` commits that checkpoint when it starts.
 
 What readers see: a tag appears only once every file of its checkpoint is in the commit it
 names. A save killed before its final rename is never tagged; its staged files go into the
@@ -141,6 +142,7 @@ class CheckpointCommits:
             return taken
 
     def _loop(self) -> None:
+        self._find_uncommitted()
         while True:
             with self._cond:
                 while not self._pending and not self._stopping:
@@ -153,6 +155,23 @@ class CheckpointCommits:
                     for d in failed:
                         self._pending.setdefault(d, None)
                     self._cond.wait(RETRY_SECONDS)
+
+    def _find_uncommitted(self) -> None:
+        """A ``.metadata`` staged on the branch and not committed ends a save whose commit a
+        mount killed after staging it never made: it is committed now (one listing of the
+        branch's uncommitted changes, at the start)."""
+        st = self.state
+        assert st.branch is not None
+        try:
+            found = [posixpath.dirname(c.path) for c in st.plane.uncommitted(st.repo, st.branch)
+                     if posixpath.basename(c.path) == METADATA and c.kind != "removed"]
+        except Exception as exc:  # noqa: BLE001 - the server away: only what this mount sees is committed
+            log.warning("checkpoints: cannot list the branch's uncommitted changes (%s); a save a killed mount staged "
+                        "and never committed stays untagged", exc)
+            return
+        with self._cond:
+            for directory in found:
+                self._pending.setdefault(directory, None)
 
     def _try(self, directory: str) -> bool:
         try:

@@ -145,6 +145,29 @@ def test_a_checkpoint_parked_by_a_killed_mount_is_committed_by_the_mount_that_ta
 
 
 @needs_fuse
+def test_a_checkpoint_staged_and_never_committed_is_committed_by_the_next_mount(hub, tmp_path) -> None:
+    """A mount killed after it staged a save's ``.metadata`` but before its commit leaves the
+    save among the branch's uncommitted changes; the next mount with --commit-checkpoints
+    commits and tags it. A directory without ``.metadata`` is left alone."""
+    repo = unique_name("ckstaged")
+    plane = hub.plane()
+    plane.create_repo(repo)
+    plane.create_branch(repo, "ckpt.run1", "main")
+    runs = Checkpoints(repo, "run1", server=hub.url, token=hub.token, create_repo=False)
+    mp = tmp_path / "mnt"
+    with mounted(hub.url, hub.token, f"{repo}@ckpt.run1", mp, "--rw"):  # (no --commit-checkpoints: staged only)
+        save(str(mp / "step-6"), state(6))
+        os.makedirs(mp / "step-8")
+        (mp / "step-8" / "__0_0.distcp").write_bytes(b"half a save")
+    assert runs.list() == []
+    with mounted(hub.url, hub.token, f"{repo}@ckpt.run1", mp, "--rw", "--commit-checkpoints"):
+        ckpt = wait_for(runs.latest)
+        assert ckpt.step == 6
+        assert_equal(runs.load(state_dict=blank()), state(6))
+    assert [c.step for c in runs.list()] == [6]
+
+
+@needs_fuse
 def test_commit_checkpoints_needs_a_writable_mount(hub, tmp_path) -> None:
     repo = unique_name("ckro")
     hub.plane().create_repo(repo)
