@@ -226,6 +226,19 @@ def unmount(mp: str) -> None:
         time.sleep(0.3)
 
 
+def read_sequential(path: str) -> int:
+    """Read the file at ``path`` from start to end, 1 MiB at a time into one buffer; its bytes."""
+    view = memoryview(bytearray(1 << 20))
+    n = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while got := os.readv(fd, [view]):
+            n += got
+        return n
+    finally:
+        os.close(fd)
+
+
 def drop_page_cache() -> bool:
     """Write back and drop the kernel's page cache (root only), so that a read comes from the
     disk or the network; whether it was dropped."""

@@ -349,6 +349,10 @@ class System:
     def at_hub(self, directory: str, ckpt: Checkpoint, t0: float, stall: float) -> float | None:
         return None
 
+    def round_figures(self) -> dict:
+        """Figures of its own the system measured in the round just written (``at_hub`` sets them)."""
+        return {}
+
     def verify(self, directory: str, ckpt: Checkpoint) -> str:
         raise NotImplementedError
 
@@ -401,8 +405,11 @@ class FabricMount(System):
         subprocess.run([*self.cli, "umount", self.root, "--timeout", "300"], env=fabric_env(), cwd=FABRIC_SRC,
                        capture_output=True, check=False)
         unmount(self.root)
+        return {"umount_s": time.perf_counter() - t0}
+
+    def round_figures(self) -> dict:
         tagged, self.tagged_s = self.tagged_s, None
-        return {"umount_s": time.perf_counter() - t0, **({"tagged_s": tagged} if tagged is not None else {})}
+        return {} if tagged is None else {"tagged_s": tagged}
 
     def wan_bytes_up(self) -> int:
         return self.env.wan_rest.bytes_up
@@ -647,7 +654,7 @@ def write_round(system: System, ckpt: Checkpoint, directory: str, restore: bool 
         at_hub = system.at_hub(directory, ckpt, t0, stall)
         wan = system.wan_bytes_up()
     finally:
-        extra = system.unmount()
+        extra = {**system.unmount(), **system.round_figures()}
     verified = system.verify(directory, ckpt)
     restored = system.restore(directory, ckpt, verified) if restore else {}
     return {**restored, "stall_s": stall, "at_hub_s": at_hub,

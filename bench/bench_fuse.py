@@ -74,7 +74,7 @@ import time
 from multiprocessing import Pool
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import FABRIC_SRC, MB, drop_page_cache, fabric_env, machine, median, remove, save_json, unmount
+from _common import FABRIC_SRC, MB, drop_page_cache, fabric_env, machine, median, read_sequential, remove, save_json, unmount
 from bench_remote import Spoke
 from kernel_passthrough import P
 
@@ -111,21 +111,6 @@ def generate(root: str, large: int, large_size: int, small: int, seed: int) -> d
 
 
 # -- readers -------------------------------------------------------------------------
-def read_sequential(path: str) -> int:
-    buf = bytearray(1 << 20)
-    view = memoryview(buf)
-    n = 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while True:
-            got = os.readv(fd, [view])
-            if not got:
-                return n
-            n += got
-    finally:
-        os.close(fd)
-
-
 def _read_files(paths: list[str]) -> int:
     n = 0
     for p in paths:

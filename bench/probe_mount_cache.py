@@ -26,18 +26,8 @@ import time
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
-from _common import drop_page_cache  # noqa: E402
+from _common import drop_page_cache, read_sequential  # noqa: E402
 from probe_spoke_fill import MiB, make_data  # noqa: E402
-
-READ_BYTES = 1 << 20
-
-
-def read_file(path: str) -> int:
-    n = 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(READ_BYTES):
-            n += len(chunk)
-    return n
 
 
 def fetched_bytes(stats_file: str) -> int:
@@ -83,12 +73,12 @@ def main() -> None:
             if args.old_mib:
                 for _ in range(2):
                     drop_page_cache()
-                    read_file(os.path.join(mp, "old.bin"))
+                    read_sequential(os.path.join(mp, "old.bin"))
             for p in range(args.passes):
                 dropped = drop_page_cache()
                 before = fetched_bytes(stats)
                 started = time.monotonic()
-                n = read_file(os.path.join(mp, "data.bin"))
+                n = read_sequential(os.path.join(mp, "data.bin"))
                 wall = time.monotonic() - started
                 print(
                     f"pass {p}: {n / MiB:.0f} MiB in {wall:.2f} s; fetched from the hub "

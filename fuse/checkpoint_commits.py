@@ -57,10 +57,6 @@ METADATA = ".metadata"
 RELEASE_WAIT = 30.0
 #: How often a checkpoint that could not be committed is tried again.
 RETRY_SECONDS = 5.0
-#: Commit metadata naming the checkpoint's directory.
-DIR_META = "fabric.checkpoint.dir"
-
-_STEP_DIR = re.compile(r"^step-(0|[1-9][0-9]*)$")
 _LAST_NUMBER = re.compile(r"([0-9]+)(?!.*[0-9])")
 
 
@@ -78,14 +74,14 @@ def step_tag(branch: str, directory: str) -> str | None:
     """The tag that marks ``directory`` a complete checkpoint of ``branch`` for
     :mod:`fabric.checkpoint`: only ``step-N`` at the branch's root, on a branch the helper
     accepts; None otherwise."""
-    m = _STEP_DIR.match(directory)
-    if m is None:
+    step = checkpoint_step(directory)
+    if step is None or directory != names.step_dir(step):
         return None
     try:
         names.run_branch("", branch)
     except ValueError:
         return None
-    return names.step_tag(branch, int(m.group(1)))
+    return names.step_tag(branch, step)
 
 
 class CheckpointCommits:
@@ -189,7 +185,7 @@ class CheckpointCommits:
         for wf in local:
             self.writes.sync(wf)
         step = checkpoint_step(directory)
-        meta = {names.FORMAT_META: names.DCP, DIR_META: directory}
+        meta = {names.FORMAT_META: names.DCP, names.DIR_META: directory}
         if step is not None:
             meta[names.STEP_META] = str(step)
         commit = st.plane.commit(st.repo, st.branch, f"checkpoint {directory or '/'}", meta=meta, allow_empty=True)

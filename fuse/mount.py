@@ -72,12 +72,10 @@ def read_state(mountpoint: str) -> dict | None:
 
 
 def open_plane(server: str, token: str | None, durability: str):
-    from fabric.client.http import HttpPlane, durability_header
+    from fabric.client.http import HttpPlane
 
-    plane = HttpPlane(server, token)
     # Spokes acknowledge writes once durable at this level; a hub is always at "hub".
-    plane.http.headers.update(durability_header(durability))
-    return plane
+    return HttpPlane(server, token, durability=durability)
 
 
 def resolve_target(plane, repo: str, ref: str, writable: bool) -> tuple[bool, str, float]:

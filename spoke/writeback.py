@@ -99,8 +99,9 @@ class WriteBack:
         self._wake = threading.Condition(self._lock)
         #: One batch goes to the hub at a time (the flusher, or a commit's flush of its branch).
         self._sending = threading.Lock()
-        #: Chunks on their way to the hub, by repository: a push of the same ones waits for them.
-        self._uploading: collections.Counter[tuple[str, bytes]] = collections.Counter()
+        #: Chunks a push is asking the hub about or sending it, by repository: a push of the same
+        #: ones waits until they are released (:meth:`_claim`).
+        self._claimed: collections.Counter[tuple[str, bytes]] = collections.Counter()
         self._landing = threading.Condition(self._lock)
         self._db = sqlite.connect(path, durability="full")  # guarded by self._lock
         self._db.execute(
@@ -577,20 +578,20 @@ class WriteBack:
         up early then asks the hub which it lacks only once they are there, and sends none
         twice. A pack that failed leaves its chunks missing, and they are sent."""
         with self._landing:
-            if self._uploading:
-                self._landing.wait_for(lambda: not any((repo, cid) in self._uploading for cid in ids), UPLOAD_WAIT)
+            if self._claimed:
+                self._landing.wait_for(lambda: not any((repo, cid) in self._claimed for cid in ids), UPLOAD_WAIT)
             for cid in ids:
-                self._uploading[(repo, cid)] += 1
+                self._claimed[(repo, cid)] += 1
 
     def _release(self, repo: str, ids: Iterable[bytes]) -> None:
         """``ids`` of ``repo`` are no longer being pushed (at the hub, not sent, or failed)."""
         with self._landing:
             for cid in ids:
                 key = (repo, cid)
-                if self._uploading[key] > 1:
-                    self._uploading[key] -= 1
+                if self._claimed[key] > 1:
+                    self._claimed[key] -= 1
                 else:
-                    self._uploading.pop(key, None)
+                    self._claimed.pop(key, None)
             self._landing.notify_all()
 
 

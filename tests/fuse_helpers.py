@@ -27,6 +27,7 @@ from fabric.util.net import free_port
 from fabric.util.processes import process_alive
 from tests.ci_requirements import requires
 from tests.hubserver import ROOT, _wait_healthy, hub_env, stop
+from tests.spokeserver import wait_for
 
 FABRIC = [sys.executable, "-m", "fabric.cli.main"]
 
@@ -114,9 +115,7 @@ def mount_to_kill(server: str, token: str, target: str, mp: str, opts: tuple[str
         yield pid
     finally:
         force_unmount(mp)
-    deadline = time.monotonic() + 10
-    while process_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: not process_alive(pid), timeout=10, interval=0.1)
 
 
 def _state(mp: str) -> dict | None:

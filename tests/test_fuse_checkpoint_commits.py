@@ -13,7 +13,7 @@ import pytest
 
 from fabric.checkpoint import Checkpoints
 from fabric.format import checkpoint_names as names
-from fuse.checkpoint_commits import DIR_META, checkpoint_step, step_tag
+from fuse.checkpoint_commits import checkpoint_step, step_tag
 from fuse.mount import read_stats
 from testbed.wanproxy import WanProxy
 from tests.fuse_helpers import fabric, mount_log, mount_to_kill, mounted, needs_fuse
@@ -89,7 +89,7 @@ def test_a_dcp_save_through_the_mount_becomes_a_tagged_checkpoint_only_when_comp
         first = wait_for(runs.latest)
         assert first.step == 5
         meta = plane.get_commit(repo, first.commit).meta
-        assert meta[names.STEP_META] == "5" and meta[names.FORMAT_META] == names.DCP and meta[DIR_META] == "step-5"
+        assert meta[names.STEP_META] == "5" and meta[names.FORMAT_META] == names.DCP and meta[names.DIR_META] == "step-5"
         in_commit = sorted(path for path, _ in plane.walk(repo, first.commit, "step-5/"))
         assert "step-5/.metadata" in in_commit and len([p for p in in_commit if p.endswith(".distcp")]) >= 2, in_commit
         assert_equal(runs.load(state_dict=blank()), state(5))
@@ -113,7 +113,7 @@ def test_a_dcp_save_through_the_mount_becomes_a_tagged_checkpoint_only_when_comp
         wait_for(lambda: commits_made(mp) == 4)
     assert [c.step for c in runs.list()] == [5, 9]
     head = plane.get_commit(repo, "ckpt.run1")
-    assert head.meta[DIR_META] == "experiments/step-3" and head.meta[names.STEP_META] == "3"
+    assert head.meta[names.DIR_META] == "experiments/step-3" and head.meta[names.STEP_META] == "3"
     log = mount_log(str(mp))
     assert "ERROR" not in log, log[-3000:]
 

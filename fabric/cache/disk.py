@@ -81,7 +81,7 @@ DEAD_AFTER_BUDGETS = 2
 class _Item:
     size: int
     last: int  # read clock at the last access
-    reuse: int = 0  # read bytes between its last read before it was evicted and its store (0: not known)
+    reuse: int = 0  # a window blob: read bytes between its last read before an eviction and its store (0: not known)
 
 
 class CacheFull(StorageFull):
@@ -393,10 +393,10 @@ class DiskCache:
                 return False
             self._clock += size
             self._salvage_max = size
-            reuse_distance = self._ghosts.reuse_distance(key, self._clock)
+            reuse_distance = self._ghosts.reuse_distance(key, self._clock)  # (and the eviction forgotten)
             try:
                 if self._plans.planned(key):
-                    self._held[key] = _Item(size, self._clock, reuse_distance)
+                    self._held[key] = _Item(size, self._clock)
                     self._held_bytes += size
                     self._plans.noted(key)
                 else:

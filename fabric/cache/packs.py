@@ -94,7 +94,11 @@ class _Pack:
     last: int = 0  # read clock at its last read (or its last append)
     reuse_total: int = 0  # of the reuse distances of its chunks that the cache remembered
     reuse_known: int = 0  # how many those were
-    reuse: int = 0  # at its seal: their mean, when at least half its chunks had one (else 0)
+
+    @property
+    def reuse(self) -> int:
+        """The mean reuse distance of its chunks, when at least half of them had one (else 0)."""
+        return self.reuse_total // self.reuse_known if self.reuse_known * 2 >= len(self.ids) > 0 else 0
 
 
 class PackCache:
@@ -323,8 +327,6 @@ class PackCache:
         self._write_index(pack.number, records)
         with self._lock:
             self._open = None
-            if pack.reuse_known * 2 >= len(pack.ids) > 0:
-                pack.reuse = pack.reuse_total // pack.reuse_known
             self._window[pack.number] = None
             self._window_bytes += pack.size
             self._shrink()

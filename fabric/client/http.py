@@ -190,12 +190,15 @@ class HttpPlane(DataPlane):
         timeout: float | Timeouts = 300.0,
         transport: httpx.BaseTransport | None = None,
         job: str | None = None,
+        durability: str | None = None,
     ) -> None:
         """``url``: a server's base URL, or several, comma-separated, nearest first (BadRequest
         naming a bad one); each gets the same token. ``timeout``: seconds for every phase but
         connecting (10 s), or :class:`Timeouts`.
         ``job``: the job every request reads for (``X-Fabric-Job``; default: env ``FABRIC_JOB``,
-        if set); BadRequest when it is not a valid job id."""
+        if set); BadRequest when it is not a valid job id.
+        ``durability``: the level every write asks a spoke for (``X-Fabric-Durability``, one of
+        :data:`DURABILITY_LEVELS`, ValueError otherwise; None: the server's default)."""
         verify: Any = os.environ.get("FABRIC_CA_BUNDLE") or True
         self.servers = ServerSet(url, verify=verify)
         self.timeouts = timeout if isinstance(timeout, Timeouts) else Timeouts(10.0, timeout, timeout, timeout, timeout)
@@ -203,6 +206,8 @@ class HttpPlane(DataPlane):
         self.job = check_job(job) if job is not None else (check_job(os.environ[JOB_ENV]) if os.environ.get(JOB_ENV) else None)
         if self.job is not None:
             headers[JOB_HEADER] = self.job
+        if durability is not None:
+            headers.update(durability_header(check_durability(durability)))
         if not any(u.startswith("https://") for u in self.servers.urls):
             # No TLS to check: spare loading the CA bundle (~40 ms of every CLI command). A context
             # that requires certificates and trusts none, so a TLS connection would fail, never go unchecked.

@@ -13,6 +13,8 @@ _STEP_MARK = ".step-"
 #: Commit metadata of a checkpoint commit: its step and how its files were written.
 STEP_META = "fabric.checkpoint.step"
 FORMAT_META = "fabric.checkpoint.format"
+#: ... and, for a save through a mount (``--commit-checkpoints``), the directory it is in.
+DIR_META = "fabric.checkpoint.dir"
 #: The formats a step is written in: one file per name, or torch Distributed Checkpoint.
 FILES = "files"
 DCP = "dcp"

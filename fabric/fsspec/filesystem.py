@@ -37,7 +37,7 @@ from fsspec.spec import AbstractFileSystem
 from fabric import errors
 from fabric.cache.files import MIN_SIZE
 from fabric.client.copies import open_copy, seeder
-from fabric.client.http import HttpPlane, check_durability, durability_header
+from fabric.client.http import HttpPlane
 from fabric.format.links import NAMES
 from fabric.format.model import DIR, FILE, SYMLINK, Entry, stored_ids
 from fabric.format.namespace import visible
@@ -99,8 +99,6 @@ class FabricFileSystem(AbstractFileSystem):
         **kwargs: Any,
     ) -> None:
         durability = durability or os.environ.get("FABRIC_DURABILITY") or None
-        if durability is not None:
-            check_durability(durability)
         super().__init__(**kwargs)
         reuse_freed_buffers()
         server = server or os.environ.get("FABRIC_SERVER")
@@ -108,8 +106,7 @@ class FabricFileSystem(AbstractFileSystem):
             raise ValueError("fabric://: no server: pass server=URL (storage_options) or set FABRIC_SERVER")
         token = token if token is not None else os.environ.get("FABRIC_TOKEN")
         with fs_errors("fabric://"):
-            self.plane = HttpPlane(server, token or None, timeout=timeout, job=job)
-        self.plane.http.headers.update(durability_header(durability))  # on every write it sends
+            self.plane = HttpPlane(server, token or None, timeout=timeout, job=job, durability=durability)
         self.commit_message = commit
         self._default_branch: dict[str, str] = {}
         self._branches: dict[str, set[str]] = {}
