@@ -11,6 +11,9 @@ Same files, side by side, each reader in a process of its own, rounds rotating t
 - ``fabric-copies``: ``fabric`` with ``copies=DIR``, where DIR holds the plain copies a save of
   the same bytes through ``fabric://`` with ``copies=DIR`` left on this machine (a restore on
   the machine that saved a checkpoint): opens return the local copies;
+- ``fabric-beside``: ``fabric`` with ``spoke_cache=`` the spoke's ``--cache`` directory (a
+  reader on the spoke's own machine): the chunks its files hold are read from them, not sent
+  over HTTP;
 - ``s3fs``: ``s3fs.S3FileSystem`` against the same spoke's S3 API, the same 8 MiB reads,
   s3fs's defaults otherwise (from the S3 tools venv that ``make test`` builds);
 - ``local``: the source files on the local disk, the same reads.
@@ -56,7 +59,7 @@ sys.path.insert(0, HERE)
 from _common import REPO_ROOT, drop_page_cache, fabric_cmd, fabric_env, machine, median, remove, save_report, stop_process  # noqa: E402
 
 READ = 8 << 20
-READERS = ("fabric", "fabric-glibc", "fabric-copies", "s3fs", "local")
+READERS = ("fabric", "fabric-glibc", "fabric-copies", "fabric-beside", "s3fs", "local")
 
 #: The reader: opens each path with the given file system and reads it in READ-byte calls;
 #: prints bytes, seconds and the sha256 of all bytes in order. argv: kind, JSON settings.
@@ -72,8 +75,8 @@ elif kind == "local":
     fs = fsspec.filesystem("file")
 else:
     import fsspec
-    copies = {"copies": cfg["copies"]} if kind == "fabric-copies" else {}
-    fs = fsspec.filesystem("fabric", server=cfg["spoke"], token=cfg["token"], skip_instance_cache=True, **copies)
+    extra = {"copies": cfg["copies"]} if kind == "fabric-copies" else {"spoke_cache": cfg["spoke_cache"]} if kind == "fabric-beside" else {}
+    fs = fsspec.filesystem("fabric", server=cfg["spoke"], token=cfg["token"], skip_instance_cache=True, **extra)
 digest = hashlib.sha256() if cfg["verify"] else None
 n, t = 0, time.perf_counter()
 for path in cfg["paths"]:
@@ -197,9 +200,9 @@ class Readers:
     def __init__(self, args: argparse.Namespace, local: list[str], spoke: str, s3: str, keys: tuple[str, str], token: str) -> None:
         names = [os.path.basename(p) for p in local]
         self.paths = {"local": local, "fabric": [f"data@main/{n}" for n in names], "s3fs": [f"data/main/{n}" for n in names]}
-        self.paths["fabric-glibc"] = self.paths["fabric-copies"] = self.paths["fabric"]
+        self.paths["fabric-glibc"] = self.paths["fabric-copies"] = self.paths["fabric-beside"] = self.paths["fabric"]
         self.cfg = {"spoke": spoke, "s3": s3, "key": keys[0], "secret": keys[1], "token": token, "read": READ,
-                    "copies": os.path.join(args.work_dir, "copies")}
+                    "copies": os.path.join(args.work_dir, "copies"), "spoke_cache": os.path.join(args.work_dir, "spoke")}
         self.python = {"s3fs": os.path.join(args.s3tools, "bin", "python")}
         self.default_python = args.python
 

@@ -17,6 +17,9 @@ The same files several ways, side by side in one run:
   before the rounds): warm reads at a spoke, to compare with ``fabric``'s reads at the hub
   (issue 18: at least as fast). Caches are dropped before first reads here too, so the spoke
   reads its cache files from the disk, as the hub reads its packs;
+- ``fabric-spoke-beside``: ``fabric-spoke`` with ``--spoke-cache`` the spoke's cache directory
+  (a mount on the spoke's machine, as the CSI driver makes one): the mount reads the chunks
+  the spoke's files hold from them;
 - ``fabric-passthrough``: ``fabric-cached`` with ``--passthrough`` (root only): the fill also
   leaves a plain copy of each large file in the cache directory (half its size bound), and
   the mount, served without libfuse, hands the kernel those copies at open;
@@ -221,6 +224,13 @@ class FabricSpoke(Fabric):
     name = "fabric-spoke"
 
 
+class FabricSpokeBeside(FabricSpoke):
+    """:class:`FabricSpoke` with ``--spoke-cache``: a mount on the spoke's machine that reads the
+    chunks the spoke's cache files hold from them (what the CSI driver mounts on a node with a spoke)."""
+
+    name = "fabric-spoke-beside"
+
+
 class FabricPassthrough(FabricCached):
     """:class:`FabricCached` with ``--passthrough``: the fill leaves a plain copy of each large
     file in the cache directory, which the kernel then reads itself (root only)."""
@@ -360,7 +370,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("--only", choices=["fabric", "fabric-cached", "fabric-spoke", "fabric-passthrough", "rclone", "passthrough", "kernel-passthrough", "kernel-reads", "local"], action="append")
+    ap.add_argument("--only", choices=["fabric", "fabric-cached", "fabric-spoke", "fabric-spoke-beside", "fabric-passthrough", "rclone", "passthrough", "kernel-passthrough", "kernel-reads", "local"], action="append")
     ap.add_argument("--no-tmpfs-reference", dest="tmpfs_reference", action="store_false",
                     help="skip the tmpfs reference read of the large files")
     ap.add_argument("--baseline-src", metavar="DIR",
@@ -424,10 +434,12 @@ def main() -> None:
             systems.insert(-1, KernelPassthrough(args.python, tree, os.path.join(stores, "mnt-kernel-passthrough")))
         systems.insert(-1, KernelPassthrough(args.python, tree, os.path.join(stores, "mnt-kernel-reads"), passthrough=False))
     spoke = None
-    if not args.only or "fabric-spoke" in args.only:
+    if not args.only or {"fabric-spoke", "fabric-spoke-beside"} & set(args.only):
         spoke = Spoke(args.python, url, os.path.join(stores, "spoke-cache"), str(2 * data_bytes), token)
         systems.insert(2, FabricSpoke(args.python, spoke.url, token, target, os.path.join(stores, "mnt-fabric-spoke"),
                                       os.path.join(stores, "mount-spoke.log")))
+        systems.insert(3, FabricSpokeBeside(args.python, spoke.url, token, target, os.path.join(stores, "mnt-fabric-spoke-beside"),
+                                            os.path.join(stores, "mount-spoke-beside.log"), "--spoke-cache", os.path.join(stores, "spoke-cache")))
     if args.only:
         systems = [s for s in systems if s.name in args.only]
     if args.baseline_src:
@@ -514,10 +526,11 @@ def main() -> None:
         figures = [_figure(med[n].get(r)) for n in names]
         ratios = [_ratio(med[f].get(r), med.get(o, {}).get(r)) for f in fabrics for o in references]
         md.append(f"| {r.replace('_', ' ')} | {unit} | " + " | ".join(figures + ratios) + " |")
-    if "fabric-spoke" in med and "fabric" in med:
-        by_round = {r: [_ratio(a, b) for a, b in zip(results["fabric-spoke"][r], results["fabric"][r])] for r in rows}
-        md += ["", "Warm spoke / hub (`fabric-spoke` / `fabric`), round by round: "
-               + "; ".join(f"{r.replace('_', ' ')} {', '.join(v)}" for r, v in by_round.items() if v) + "."]
+    for spoke_row in ("fabric-spoke", "fabric-spoke-beside"):
+        if spoke_row in med and "fabric" in med:
+            by_round = {r: [_ratio(a, b) for a, b in zip(results[spoke_row][r], results["fabric"][r])] for r in rows}
+            md += ["", f"Warm spoke / hub (`{spoke_row}` / `fabric`), round by round: "
+                   + "; ".join(f"{r.replace('_', ' ')} {', '.join(v)}" for r, v in by_round.items() if v) + "."]
     if tmpfs_rates:
         t = median(tmpfs_rates)
         md += [

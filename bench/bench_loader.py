@@ -279,6 +279,8 @@ def trainer(cfg_path: str) -> None:
         sys.path.append(extra)  # after this interpreter's own packages (s3fs's botocore wins)
     import torch.utils.data
 
+    if cfg.get("spoke_cache"):
+        os.environ["FABRIC_SPOKE_CACHE"] = cfg["spoke_cache"]  # for fabric:// in this process and its workers
     ds = make_dataset(cfg)
     order = EpochOrder(len(cfg["paths"]), cfg["seed"])
     sampler = order
@@ -490,14 +492,16 @@ class FabricHints(SpokeReader):
     def start(self) -> dict:
         url = self.start_spoke()
         return {"reader": "fabric-hints", "server": url, "token": self.env.token, "job": self.job,
-                "url": f"fabric://{self.wl.repo}@{self.wl.commit}/"}
+                "url": f"fabric://{self.wl.repo}@{self.wl.commit}/",
+                "spoke_cache": os.path.join(self.dir, "spoke-cache") if self.env.args.beside else None}
 
     def stop(self) -> None:
         self.stop_spoke()
 
     def describe(self) -> str:
+        beside = " with FABRIC_SPOKE_CACHE=the spoke's --cache (it reads the chunks the spoke's files hold)" if self.env.args.beside else ""
         return ("FabricFileDataset('fabric://REPO@COMMIT/', server=SPOKE, job=JOB) + "
-                "HintingSampler(RandomOrder, dataset); fabric spoke --hub WAN --cache-size SIZE")
+                f"HintingSampler(RandomOrder, dataset); fabric spoke --hub WAN --cache-size SIZE{beside}")
 
 
 class FabricMount(SpokeReader):
@@ -1074,6 +1078,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--spoke-arg", action="append", default=[], metavar="ARG",
                     help="one more argument for every `fabric spoke` the run starts (repeatable; to compare spoke "
                          "options, e.g. --spoke-arg=--prefetch-window --spoke-arg=256MiB)")
+    ap.add_argument("--beside", action="store_true",
+                    help="fabric-hints reads the chunks its spoke's cache files hold from them (fabric:// spoke_cache=: a "
+                         "loader on the spoke's own machine), not over HTTP")
     ap.add_argument("--json-out")
     ap.add_argument("--md-out")
     args = ap.parse_args()

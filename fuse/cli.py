@@ -209,6 +209,7 @@ def mount(
     stats_interval: float,
     ready_fd: int | None,
 ) -> None:
+    from fabric.client.spoke_files import SpokeFiles
     from fuse.config import MountConfig
     from fuse.mount import (
         check_mountpoint,
@@ -221,7 +222,6 @@ def mount(
         setup_logging,
         spawn,
     )
-    from fuse.spoke_files import SpokeFiles
 
     repo, ref = split_repo_ref(target)
     if ref is None:
@@ -240,7 +240,10 @@ def mount(
         # Fail fast, in this terminal, on what can be checked here.
         check_mountpoint(mountpoint)
         if spoke_cache:
-            SpokeFiles(spoke_cache)
+            try:
+                SpokeFiles(spoke_cache)
+            except BadRequest as exc:
+                raise BadRequest(f"--spoke-cache: {exc}") from None
         is_branch = resolve_target(open_plane(server_url, token, durability), repo, ref, rw)[0]
         check_passthrough(MountConfig(repo, ref, cache_dir=cache_dir, passthrough=passthrough, copies_dir=copies_dir,
                                       check_copies=not no_passthrough_check), is_branch, fuse_options)

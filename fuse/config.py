@@ -18,7 +18,7 @@ class MountConfig:
     memory_cache: int = 512 * 1024 * 1024
     cache_dir: str | None = None
     cache_size: int = 10 * 1024**3
-    spoke_cache: str | None = None  # the --cache directory of the spoke mounted, on this machine (fuse/spoke_files.py)
+    spoke_cache: str | None = None  # the --cache directory of the spoke mounted, on this machine (fabric/client/spoke_files.py)
     write_dir: str | None = None
     commit_interval: float = 0.0
     commit_on_unmount: bool = False

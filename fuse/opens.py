@@ -15,8 +15,8 @@ are reported per session, and a report that fails is not retried.
 
 from __future__ import annotations
 
+from fabric.client.advice import Advice
 from fabric.plane.dataplane import DataPlane
-from fuse.advice import Advice
 
 #: Reports waiting to be sent, at most.
 QUEUED = 4096

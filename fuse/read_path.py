@@ -17,16 +17,16 @@ from collections import OrderedDict
 from typing import Any
 
 from fabric.cache.lru import BytesLRU
+from fabric.client.local_reads import LocalReadReports
+from fabric.client.spoke_files import SpokeFiles
 from fabric.errors import NotFound
 from fabric.format.model import DIR, FILE, Entry
 from fuse.errors import err
 from fuse.handles import RHandle, WHandle, content_sig
 from fuse.libfuse import invalidate_path
-from fuse.local_reads import LocalReadReports
 from fuse.namespace import Dir, SiblingOrder, join, split
 from fuse.opens import OpenReports
 from fuse.reader import Fetcher, FileReader, chunk_disk_cache
-from fuse.spoke_files import SpokeFiles
 from fuse.state import MountState
 from fuse.topups import TopUps
 

@@ -22,13 +22,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from fabric.cache.lru import BytesLRU
 from fabric.cache.packs import PackCache
+from fabric.client.spoke_files import SpokeFiles
 from fabric.errors import Corruption
 from fabric.format import frames
 from fabric.format.model import HOLE_ID
 from fabric.plane.dataplane import DataPlane
 from fabric.plane.retry import RetryingPlane
 from fuse.outage import result
-from fuse.spoke_files import SpokeFiles
 
 log = logging.getLogger("fabric.fuse")
 
@@ -163,34 +163,34 @@ class Fetcher:
 
     def _load(self, ids: list[bytes], disk: bool = True) -> dict[bytes, bytes]:
         """Load chunks whose futures this thread owns: from the disk cache (unless ``disk`` is
-        False) or the spoke's files, the rest from the server."""
+        False), then the spoke's files, the rest from the server."""
         got: dict[bytes, bytes] = {}
         missing = ids
-        if (disk and self.disk is not None) or self.spoke_files is not None:
-            missing = []
-            try:
+        try:
+            if disk and self.disk is not None:
+                missing = []
                 for cid in ids:
-                    data = self._read_local(cid, disk)
+                    data = self.disk.read(cid)
                     if data is None:
                         missing.append(cid)
                         continue
-                    got[cid] = data
-                    self.memory.put(cid, data)
-                    self._resolve(cid, data)
-            except BaseException as exc:
-                self._fail([c for c in ids if c not in got], exc)
-                raise
+                    self.disk_chunks += 1
+                    self._loaded(got, cid, data)
+            if missing and self.spoke_files is not None:
+                for cid, data in self.spoke_files.read_many(missing).items():
+                    self._loaded(got, cid, data)
+                missing = [cid for cid in missing if cid not in got]
+        except BaseException as exc:
+            self._fail([c for c in ids if c not in got], exc)
+            raise
         if missing:
             got.update(self._fetch(missing))
         return got
 
-    def _read_local(self, cid: bytes, disk: bool = True) -> bytes | None:
-        """Chunk ``cid`` from this machine's disk: the mount's cache directory (when ``disk``),
-        else the spoke's files."""
-        if disk and self.disk is not None and (data := self.disk.read(cid)) is not None:
-            self.disk_chunks += 1
-            return data
-        return self.spoke_files.read(cid) if self.spoke_files is not None else None
+    def _loaded(self, got: dict[bytes, bytes], cid: bytes, data: bytes) -> None:
+        got[cid] = data
+        self.memory.put(cid, data)
+        self._resolve(cid, data)
 
     def _resolve(self, cid: bytes, data: bytes) -> None:
         with self._lock:

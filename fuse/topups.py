@@ -10,7 +10,7 @@ it. The mount tells its server the files ahead instead, as a top-up hint
 (``DataPlane.hint(..., top_up=True)``): a spoke fetches only what it lacks of the files it
 holds in part (``spoke/topup.py``), which are the files that changed.
 
-It is advice (``fuse/advice.py``), sent from one background thread so that no open waits
+It is advice (``fabric/client/advice.py``), sent from one background thread so that no open waits
 for it: at most :data:`QUEUED` hints wait, and a server that fetches nothing ahead (a hub
 answers ``window_bytes: 0``) is not told again.
 """
@@ -20,8 +20,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+from fabric.client.advice import Advice
 from fabric.plane.dataplane import DataPlane
-from fuse.advice import Advice
 
 #: Hints waiting to be sent, at most.
 QUEUED = 16

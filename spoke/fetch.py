@@ -149,6 +149,25 @@ class FetchScheduler:
             self.jobs.demand(job, sum(len(v) for v in out.values()), hit, wait)
         return [out[cid] for cid in ids]
 
+    def read_beside(self, ids: Sequence[bytes], job: str | None) -> None:
+        """A client beside this spoke read these chunks from the cache's files itself
+        (spoke/local_reads_api.py): reads of the cache as if they had been served here, for its
+        recency and plans, the job's lookahead and the job's figures (a hit each). Bytes are
+        counted as the cache holds them, less a frame's header: a chunk's own size unless it
+        was stored compressed. Ids the cache lacks count for nothing."""
+        self._demanding(job, ids)
+        hit = 0
+        for cid in ids:
+            size = self.cache.touch(cid)
+            if size is None:
+                continue
+            size = max(0, size - frames.HEADER_LEN)
+            hit += size
+            self.prefetch_stats.demanded(cid, size, job, True)
+        self.hit_bytes += hit
+        if job is not None and hit:
+            self.jobs.demand(job, hit, hit, 0.0)
+
     def _cached(self, cid: bytes) -> bytes | None:
         """The chunk's bytes from memory or the disk cache, or ``None`` (a damaged disk copy is dropped)."""
         raw = self.memory.get(cid)

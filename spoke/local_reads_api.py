@@ -1,10 +1,13 @@
-"""The route by which a mount beside its spoke reports the chunks it read from the spoke's
-cache files itself (``fabric mount --spoke-cache``, fuse/spoke_files.py).
+"""The route by which a client beside its spoke reports the chunks it read from the spoke's
+cache files itself (``fabric mount --spoke-cache``, ``fabric://`` with ``spoke_cache=``;
+fabric/client/spoke_files.py).
 
-Each id counts as a read of the spoke's chunk cache (:meth:`fabric.cache.disk.DiskCache.touch`):
+Each id counts as a read of the spoke's chunk cache (:meth:`spoke.fetch.Fetcher.read_beside`):
 its recency, its plans and its hit count see the read as if the spoke had served it, so chunks
-a mount reads beside the spoke are not evicted as unread. The caller needs read access to
-the repository; the answer is 204 whatever the cache holds (it tells nothing about it).
+a client reads beside the spoke are not evicted as unread, and the job the request names
+(``X-Fabric-Job``) has them counted as its reads, hits all, and its lookahead moves on. The
+caller needs read access to the repository; the answer is 204 whatever the cache holds (it
+tells nothing about it).
 """
 
 from collections.abc import Callable

@@ -832,10 +832,10 @@ class SpokePlane(DataPlane):
 
     # -- administration ------------------------------------------------------
     def read_locally(self, ids: list[bytes]) -> None:
-        """A mount beside this spoke read these chunks from its cache files: reads of the cache
-        (recency, plans, hits), as if it had served them (spoke/local_reads_api.py)."""
-        for cid in ids:
-            self.chunk_cache.touch(cid)
+        """A client beside this spoke read these chunks from its cache files: reads of the cache
+        (recency, plans, hits, the job's lookahead and figures), as if it had served them
+        (spoke/local_reads_api.py)."""
+        self.fetcher.read_beside(ids, current_job())
         with self._lock:
             self.local_reads += len(ids)
 

@@ -1,4 +1,4 @@
-"""A mount beside its spoke reading the spoke's cache files (``--spoke-cache``, fuse/spoke_files.py):
+"""A mount beside its spoke reading the spoke's cache files (``--spoke-cache``, fabric/client/spoke_files.py):
 a real hub, spoke and mounts; the mount's traffic to the spoke goes through a counting proxy."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_reports_of_local_reads_are_checked_and_need_read_access(hub, tmp_path) 
 
 def test_a_server_without_the_route_is_not_told_again(hub) -> None:
     from fabric.client.http import HttpPlane
-    from fuse.local_reads import LocalReadReports
+    from fabric.client.local_reads import LocalReadReports
 
     reports = LocalReadReports(HttpPlane(hub.url, hub.token), "any")
     reports.read(os.urandom(32))

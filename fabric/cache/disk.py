@@ -241,17 +241,20 @@ class DiskCache:
             finally:
                 os.close(fd)
 
-    def touch(self, key: bytes) -> None:
+    def touch(self, key: bytes) -> int | None:
         """Count a read of ``key`` served from a copy held in front of this cache (a
-        memory cache of verified blobs): like :meth:`get` it consumes the key's place in
-        the plans, counts a hit and refreshes the blob's recency, but reads no file. A key
-        this cache lacks only consumes its plans' places."""
+        memory cache of verified blobs, a reader of the files beside it): like :meth:`get`
+        it consumes the key's place in the plans, counts a hit and refreshes the blob's
+        recency, but reads no file. A key this cache lacks only consumes its plans' places.
+        The blob's size, or None when it is not cached."""
         with self._lock:
             if self._plans:
                 self._release(self._plans.consume(key), key)
             item = self._item(key)
-            if item is not None:
-                self._hit(key, item)
+            if item is None:
+                return None
+            self._hit(key, item)
+            return item.size
 
     def missed(self, key: bytes) -> None:
         """Count a read that found ``key`` missing and had it fetched and stored, for a reader

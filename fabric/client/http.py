@@ -430,8 +430,8 @@ class HttpPlane(DataPlane):
         return total
 
     def report_local_reads(self, repo: str, ids: Sequence[bytes]) -> None:
-        """Tell a spoke that a mount beside it read these chunks of ``repo`` from its cache
-        files (``fabric mount --spoke-cache``); NotFound from a server without the route (a hub)."""
+        """Tell a spoke that a client beside it read these chunks of ``repo`` from its cache
+        files (:mod:`fabric.client.local_reads`); NotFound from a server without the route (a hub)."""
         for at in range(0, len(ids), LOCAL_READS_BATCH):
             self._call("POST", f"/repos/{repo}/cache/local-reads", json={"ids": [c.hex() for c in ids[at : at + LOCAL_READS_BATCH]]})
 

@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 from fabric.cache.lru import BytesLRU
+from fabric.client.spoke_files import SpokeFiles
 from fabric.errors import Corruption
 from fabric.format import frames
 from fabric.format.model import HOLE_ID, Entry
@@ -42,10 +43,13 @@ class ChunkMap:
         return b"".join(parts)
 
 
-def fetch(plane: ChunkExchange, repo: str, ids: Iterable[bytes], cache: BytesLRU | None = None) -> dict[bytes, bytes]:
-    """The raw bytes of chunks ``ids`` of ``repo``: from ``cache``, the rest in one ``frames`` call
-    (a remote plane sends one request per batch of ids). Raises Corruption for a frame that does
-    not match its id or a chunk the server left out."""
+def fetch(
+    plane: ChunkExchange, repo: str, ids: Iterable[bytes], cache: BytesLRU | None = None, beside: SpokeFiles | None = None
+) -> dict[bytes, bytes]:
+    """The raw bytes of chunks ``ids`` of ``repo``: from ``cache``, then from the files of the
+    spoke ``beside`` this process, the rest in one ``frames`` call (a remote plane sends one
+    request per batch of ids). Raises Corruption for a frame that does not match its id or a
+    chunk the server left out."""
     out: dict[bytes, bytes] = {}
     need: list[bytes] = []
     for cid in dict.fromkeys(ids):
@@ -56,6 +60,13 @@ def fetch(plane: ChunkExchange, repo: str, ids: Iterable[bytes], cache: BytesLRU
             need.append(cid)
         else:
             out[cid] = data
+    if need and beside is not None:
+        local = beside.read_many(need)
+        if cache is not None:
+            for cid, data in local.items():
+                cache.put(cid, data)
+        out.update(local)
+        need = [cid for cid in need if cid not in local]
     if need:
         wanted = set(need)
         for cid, frame in plane.frames(need, repo=repo):

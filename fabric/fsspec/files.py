@@ -81,7 +81,7 @@ class FabricReadFile(AbstractBufferedFile):
         if self._ahead and not all(cid in self._chunks for cid in ids):
             ids += self._map.ids_for(end, min(self.size, end + self._ahead))
         with fs_errors(self.path):
-            got = chunks.fetch(self.fs.plane, self._loc.repo, ids, self._chunks)
+            got = chunks.fetch(self.fs.plane, self._loc.repo, ids, self._chunks, self.fs.spoke_files(self._loc.repo))
         return self._map.assemble(start, end, got)
 
 

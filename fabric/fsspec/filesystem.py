@@ -38,11 +38,13 @@ from fabric import errors
 from fabric.cache.files import MIN_SIZE
 from fabric.client.copies import open_copy, seeder
 from fabric.client.http import HttpPlane
+from fabric.client.spoke_files import SpokeFiles
 from fabric.format.links import NAMES
 from fabric.format.model import DIR, FILE, SYMLINK, Entry, stored_ids
 from fabric.format.namespace import visible
 from fabric.format.paths import is_full_commit_id
 from fabric.fsspec import chunks
+from fabric.fsspec.beside import SpokeBeside
 from fabric.fsspec.entries import CommitEntries
 from fabric.fsspec.errors import fs_errors, is_a_directory, not_a_directory, not_found
 from fabric.fsspec.files import FabricReadFile, FabricWriteFile
@@ -75,7 +77,11 @@ class FabricFileSystem(AbstractFileSystem):
     --copies-dir DIR``. ``durability``: when a write through a spoke returns (``local``: on
     the spoke's disk; ``replicated``: also on a peer spoke's; ``hub``: at the hub; default
     ``$FABRIC_DURABILITY``, else the spoke's ``--durability``), as ``fabric mount
-    --durability`` asks; a hub meets every level.
+    --durability`` asks; a hub meets every level. ``spoke_cache``: the ``--cache`` directory
+    of the spoke ``server`` names, when it runs on this machine (default
+    ``$FABRIC_SPOKE_CACHE``): the chunks its files hold are read from them, not sent over HTTP
+    (:mod:`fabric.fsspec.beside`, as ``fabric mount --spoke-cache``); ValueError unless it is a
+    spoke's cache directory.
 
     Creating one has the process keep the buffers it frees for reuse
     (:func:`fabric.util.heap.reuse_freed_buffers`: reads of large files take a third less
@@ -96,9 +102,11 @@ class FabricFileSystem(AbstractFileSystem):
         copies: str | None = None,
         copies_size: int | str = "5G",
         durability: str | None = None,
+        spoke_cache: str | None = None,
         **kwargs: Any,
     ) -> None:
         durability = durability or os.environ.get("FABRIC_DURABILITY") or None
+        spoke_cache = spoke_cache or os.environ.get("FABRIC_SPOKE_CACHE") or None
         super().__init__(**kwargs)
         reuse_freed_buffers()
         server = server or os.environ.get("FABRIC_SERVER")
@@ -107,6 +115,8 @@ class FabricFileSystem(AbstractFileSystem):
         token = token if token is not None else os.environ.get("FABRIC_TOKEN")
         with fs_errors("fabric://"):
             self.plane = HttpPlane(server, token or None, timeout=timeout, job=job, durability=durability)
+        with fs_errors("fabric:// spoke_cache"):
+            self.beside = SpokeBeside(spoke_cache, self.plane) if spoke_cache else None
         self.commit_message = commit
         self._default_branch: dict[str, str] = {}
         self._branches: dict[str, set[str]] = {}
@@ -446,7 +456,7 @@ class FabricFileSystem(AbstractFileSystem):
         for repo, ids in wanted.items():
             try:
                 with fs_errors(repo):
-                    fetched[repo] = chunks.fetch(self.plane, repo, ids)
+                    fetched[repo] = chunks.fetch(self.plane, repo, ids, beside=self.spoke_files(repo))
             except Exception as exc:  # noqa: BLE001 - every read of the repository fails with it
                 fetched[repo] = exc
         out: list[bytes | BaseException] = []
@@ -467,6 +477,10 @@ class FabricFileSystem(AbstractFileSystem):
                 if isinstance(item, tuple) and item[2] is not None:
                     os.close(item[2])
         return out
+
+    def spoke_files(self, repo: str) -> SpokeFiles | None:
+        """The reader of the spoke's cache files for reads of ``repo`` (``spoke_cache``), if any."""
+        return self.beside.files(repo) if self.beside is not None else None
 
     def _stat_threads(self) -> ThreadPoolExecutor:
         """The threads that look entries up in parallel, started once per process (a

@@ -1,7 +1,8 @@
-"""Advice a mount sends its server from one background thread: no read ever waits for it.
+"""Advice a client (a mount, ``fabric://``) sends its server from one background thread: no
+read ever waits for it.
 
 At most ``queued`` items wait (more are dropped), an item that fails is logged and not
-retried, and the thread is a daemon: a mount that ends with items queued drops them.
+retried, and the thread is a daemon: a process that ends with items queued drops them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Generic, TypeVar
 
 from fabric.errors import FabricError
 
-log = logging.getLogger("fabric.fuse")
+log = logging.getLogger("fabric.client")
 
 T = TypeVar("T")
 

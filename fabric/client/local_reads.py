@@ -1,10 +1,12 @@
-"""Reports of the chunks a mount read from its spoke's cache files (``--spoke-cache``).
+"""Reports of the chunks a client beside a spoke read from the spoke's cache files (``fabric
+mount --spoke-cache``, ``fabric://`` with ``spoke_cache=``).
 
 Such a read never reaches the spoke, which would otherwise see those chunks as unread: the
-first evicted, their plans never consumed, its hit counts short. The mount tells it, as
-advice (``fuse/advice.py``, one background thread; no read waits): the ids go in batches of
-:data:`BATCH`, or what gathered once the oldest is :data:`FLUSH_AFTER` seconds old (checked
-at the next read), and the rest at unmount. The spoke counts them as reads of its cache
+first evicted, their plans never consumed, its hit counts and the job's figures short. The
+client tells it, as advice (``fabric/client/advice.py``, one background thread; no read
+waits): the ids go in batches of :data:`BATCH`, or what gathered once the oldest is
+:data:`FLUSH_AFTER` seconds old (checked at the next read), and the rest at :meth:`close`
+(a mount's unmount). The spoke counts them as reads of its cache
 (``spoke/local_reads_api.py``). A server without that route (a hub) is not told again.
 """
 
@@ -13,9 +15,9 @@ from __future__ import annotations
 import threading
 import time
 
+from fabric.client.advice import Advice
 from fabric.client.http import HttpPlane
 from fabric.errors import NotFound
-from fuse.advice import Advice
 
 BATCH = 1024
 FLUSH_AFTER = 1.0
@@ -30,7 +32,7 @@ class LocalReadReports(Advice[list[bytes]]):
         self._pending: list[bytes] = []
         self._since = 0.0
         self._useless = False  # the server has no such route
-        super().__init__(QUEUED, "fuse-local-reads")
+        super().__init__(QUEUED, "fabric-local-reads")
 
     def read(self, cid: bytes) -> None:
         """Chunk ``cid`` was read from the spoke's files."""
