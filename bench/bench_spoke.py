@@ -218,7 +218,8 @@ def mount_round(a: argparse.Namespace, ctx: dict, r: int) -> dict:
             for ver in ("v1", "v2"):
                 commit = _import_v2(hub, spoke, ctx) if ver == "v2" else spoke.head("bench", "main")
                 mp = os.path.join(base, f"mnt-{ver}")
-                with _mounted(a.python, spoke, f"bench@{commit}", mp, os.path.join(base, f"mount-{ver}.log")):
+                beside = ["--spoke-cache", os.path.join(base, "cache")] if a.mount_beside else []
+                with _mounted(a.python, spoke, f"bench@{commit}", mp, os.path.join(base, f"mount-{ver}.log"), *beside):
                     cmd = ["cp", "-a", f"{mp}/.", dst] if ver == "v1" else ["rsync", "-a", "--delete", f"{mp}/", f"{dst}/"]
                     if ver == "v1":
                         os.makedirs(dst)
@@ -239,11 +240,11 @@ def _top_up_bytes(stats: dict) -> int:
 
 
 @contextlib.contextmanager
-def _mounted(python: str, spoke: Spoke, target: str, mp: str, log: str) -> Iterator[str]:
-    """``fabric mount SPOKE TARGET MP`` (read-only, the defaults), unmounted on the way out."""
+def _mounted(python: str, spoke: Spoke, target: str, mp: str, log: str, *options: str) -> Iterator[str]:
+    """``fabric mount SPOKE TARGET MP [OPTIONS]`` (read-only), unmounted on the way out."""
     os.makedirs(mp, exist_ok=True)
     env = dict(fabric_env(), FABRIC_TOKEN=spoke.token)
-    run(fabric_cmd(python) + ["mount", spoke.url, target, mp, "--log-file", log], env=env)
+    run(fabric_cmd(python) + ["mount", spoke.url, target, mp, "--log-file", log, *options], env=env)
     try:
         yield mp
     finally:
@@ -526,8 +527,9 @@ def render(results: dict) -> str:
         lines.append("- fabric-hub: `fabric --server HUB export` straight across the link (no spoke); server CPU = hub")
     if "fabric-mount" in s["tools"]:
         f = s["tools"]["fabric-mount"]
+        beside = " with `--spoke-cache` (on the spoke's machine: it reads the chunks the spoke's files hold)" if a.get("mount_beside") else ""
         lines.append("- fabric-mount: `cp -a` (v1) and `rsync -a --delete` (v2, in place) from a read-only mount of a cold "
-                     f"spoke; upstream requests v1 {f['v1']['upstream_requests']:.0f}, v2 {f['v2']['upstream_requests']:.0f}; "
+                     f"spoke{beside}; upstream requests v1 {f['v1']['upstream_requests']:.0f}, v2 {f['v2']['upstream_requests']:.0f}; "
                      f"fetched for top-up hints v1 {f['v1']['top_up_bytes'] / MiB:.1f} MiB, v2 {f['v2']['top_up_bytes'] / MiB:.1f} MiB; "
                      "client CPU = cp/rsync; server CPU = spoke + hub + the mount process ("
                      + "; ".join(f"{v} {' + '.join(f'{c:.2f}' for c in f[v]['server_cpu_each'])} s" for v in ("v1", "v2")) + ")")
@@ -580,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tools", default="fabric,rsync,rsync-z,rclone", help="comma-separated subset")
     p.add_argument("--tree-files", type=int, default=None, help="files in the listed directory (default 100,000; quick 10,000)")
     p.add_argument("--no-listing", dest="listing", action="store_false")
+    p.add_argument("--mount-beside", action="store_true",
+                   help="fabric-mount mounts with --spoke-cache (a mount on the spoke's machine, as the CSI driver makes one)")
     p.add_argument("--json-out")
     p.add_argument("--md-out")
     a = p.parse_args(argv)
