@@ -74,7 +74,7 @@ class SpokeFiles:
                     if fd is not None:
                         opened.append((cid, fd))
                 for cid, fd in opened:
-                    data = self._checked(cid, lambda fd=fd: os.pread(fd, FRAME_MAX, 0))
+                    data = self._read(cid, fd)
                     if data is not None:
                         out[cid] = data
             finally:
@@ -95,13 +95,11 @@ class SpokeFiles:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         return fd
 
-    def _checked(self, cid: bytes, read: Callable[[], bytes | memoryview]) -> bytes | None:
-        """The chunk from its frame as ``read`` reads it, checked against its id (and the read
-        reported); None when the file is gone, unreadable or damaged."""
+    def _read(self, cid: bytes, fd: int) -> bytes | None:
+        """The chunk in the frame file open as ``fd``, checked against its id (and the read
+        reported); None when the file is unreadable or damaged."""
         try:
-            data = frames.decode(read(), cid)
-        except FileNotFoundError:
-            return None
+            data = frames.decode(os.pread(fd, FRAME_MAX, 0), cid)
         except (OSError, Corruption) as exc:
             self._warn(f"chunk {cid.hex()} not read from the spoke's cache files ({exc}); asking the spoke")
             return None
