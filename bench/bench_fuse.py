@@ -168,6 +168,7 @@ class Fabric:
     name = "fabric"
 
     def __init__(self, python: str, hub_url: str, token: str, target: str, mp: str, log: str, *options: str) -> None:
+        self.server = hub_url
         self.cmd = [python, "-m", "fabric.cli.main", "mount", hub_url, target, mp, "--log-file", log, *options]
         self.env = dict(fabric_env(), FABRIC_TOKEN=token)
         self.mp = mp
@@ -444,9 +445,13 @@ def main() -> None:
         systems = [s for s in systems if s.name in args.only]
     if args.baseline_src:
         systems = [b for s in systems for b in ([s, s.baseline(args.baseline_src)] if isinstance(s, Fabric) else [s])]
+    warmed: set[str] = set()  # spokes filled: one fill warms a spoke for every mount of it
     for s in systems:
+        if isinstance(s, FabricSpoke) and s.server in warmed:
+            continue
         if isinstance(s, (FabricCached, FabricSpoke)):
             s.fill()
+            warmed.add(s.server)
     filled = [s for s in systems if isinstance(s, FabricPassthrough) and not s.name.endswith("@base")]
     systems += [LocalCopies(s.copies(os.path.join(stores, "copies-tree"))) for s in filled]
     parallel = params["large_files"] >= READERS

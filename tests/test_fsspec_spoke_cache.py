@@ -5,19 +5,19 @@ goes through a counting proxy."""
 
 from __future__ import annotations
 
-import io
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from testbed.wanproxy import WanProxy
-from tests.hubserver import Hub
-from tests.spokeserver import Spoke, start_spoke
+from tests.hubserver import Hub, unique_name
+from tests.spokeserver import Spoke, start_spoke, wait_for
 from tests.test_corruption import flip
 from tests.test_fsspec import new_fs
+from tests.test_spoke_jobs import put_files
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,20 +32,9 @@ def spoke(hub: Hub, tmp_path) -> Iterator[Spoke]:
 
 
 def _publish(hub: Hub, files: dict[str, bytes]) -> str:
-    repo = hub.new_repo("beside")
-    plane = hub.plane()
-    for path, data in files.items():
-        plane.put_object(repo, "main", path, io.BytesIO(data))
-    plane.commit(repo, "main", "data")
+    repo = unique_name("beside")
+    put_files(hub, repo, files)
     return repo
-
-
-def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.05)
 
 
 def test_reads_beside_a_warm_spoke_take_its_files_and_ask_it_only_for_what_they_lack(hub: Hub, spoke: Spoke, tmp_path) -> None:
@@ -78,7 +67,7 @@ def test_reads_beside_a_warm_spoke_take_its_files_and_ask_it_only_for_what_they_
         assert fs.cat_file(f"{repo}/d/f1.bin", 0, 10) == files["d/f1.bin"][:10]
         whole = ["d/f0.bin", "d/small.txt"]  # (of f1, only the chunks of the range were read)
         chunks = sum(len(hub.plane().stat_chunks(repo, "main", p).chunks) for p in whole)
-        _until(lambda: spoke.stats()["cache_local_reads"] - reported >= chunks, "the reads reported")
+        wait_for(lambda: spoke.stats()["cache_local_reads"] - reported >= chunks)  # the reads reported
         job = spoke.stats()["jobs"]["beside-job"]
         read_beside = len(files["d/f0.bin"]) + 2 * MiB - 10 + len(files["d/small.txt"])
         assert job["hit_bytes"] >= read_beside
