@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from fabric.cache.files import FILES, INCOMING
 from fabric.errors import BadRequest, FabricError
 from fabric.util.jsonfile import write_json
+from fabric.util.limits import raise_open_files_limit
 from fabric.util.processes import process_alive
 from fuse.config import MountConfig
 from fuse.fs import FabricFS
@@ -169,6 +170,7 @@ def run_foreground(
                 pass
             ready_fd = None
 
+    raise_open_files_limit()
     try:
         mp = check_mountpoint(mountpoint)
         plane = open_plane(server, token, cfg.durability)

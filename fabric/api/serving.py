@@ -20,6 +20,8 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from fabric.util.limits import raise_open_files_limit
+
 log = logging.getLogger("fabric.serve")
 
 #: How long responses in flight may still run after a stop signal.
@@ -64,6 +66,7 @@ class _Server(uvicorn.Server):
 
 def serve_together(configs: list[uvicorn.Config], grace: float = GRACE_SECONDS) -> None:
     """Run uvicorn servers in one asyncio loop until SIGINT/SIGTERM (or one of them ending) stops them all."""
+    raise_open_files_limit()
 
     async def main() -> None:
         servers = [_Server(c, grace) for c in configs]
