@@ -32,18 +32,64 @@ def repo_branch(spec: str) -> tuple[str, str]:
 @click.option("--no-delete", is_flag=True, help="Only add and update; keep paths missing from SRC.")
 @click.option("--rehash", is_flag=True, help="Read every file even if its size and mtime are unchanged.")
 @click.option("--author", help="Commit author (default: $FABRIC_AUTHOR or your user name).")
+@click.option(
+    "--exclude",
+    "exclude",
+    multiple=True,
+    metavar="PATTERN",
+    help="Leave out paths of SRC matching PATTERN (repeatable): '*.tmp' or '.git' matches a name at any depth, "
+    "'/build' or 'data/raw/*.csv' a path from SRC's root, a trailing '/' directories only, '**' any run of directories. "
+    "Excluded paths already on the branch are kept (see --delete-excluded).",
+)
+@click.option(
+    "--exclude-from",
+    "exclude_from",
+    type=click.File("r", encoding="utf-8"),
+    multiple=True,
+    metavar="FILE",
+    help="Read --exclude patterns from FILE, one a line (blank lines and '#' comments skipped).",
+)
+@click.option("--delete-excluded", is_flag=True, help="Also remove from the branch what --exclude leaves out of SRC.")
+@click.option(
+    "-n", "--dry-run", is_flag=True, help="Read, store and commit nothing; print what would be added, changed and removed (one path a line, then a summary)."
+)
 @pass_ctx
 @handle_errors
-def import_(ctx: Ctx, src: str, target: str, message: str, prefix: str, no_delete: bool, rehash: bool, author: str | None) -> None:
+def import_(
+    ctx: Ctx,
+    src: str,
+    target: str,
+    message: str,
+    prefix: str,
+    no_delete: bool,
+    rehash: bool,
+    author: str | None,
+    exclude: tuple[str, ...],
+    exclude_from: tuple,
+    delete_excluded: bool,
+    dry_run: bool,
+) -> None:
     """Make REPO@BRANCH (under --prefix) equal to directory SRC and commit.
 
     Only chunks the store lacks are stored; files whose size, mode and mtime
     match the branch are not read again. Prints the new commit id.
+
+    \b
+    Examples:
+      fabric import ./imagenet datasets@main -m "v2" --exclude .git --exclude '*.tmp'
+      fabric import ./imagenet datasets@main -m "v2" --dry-run
     """
+    from fabric.client.excludes import Excludes, read_patterns
     from fabric.client.transfer import import_directory
     from fabric.util.heap import map_big_buffers
 
     repo, branch = repo_branch(target)
+    if delete_excluded and no_delete:
+        raise click.UsageError("--delete-excluded removes paths, --no-delete keeps them: give one of them")
+    patterns = [*exclude, *(p for f in exclude_from for p in read_patterns(f.read()))]
+    if delete_excluded and not patterns:
+        raise click.UsageError("--delete-excluded needs --exclude or --exclude-from")
+    excludes = Excludes(patterns)
     # An import makes a few objects per file and keeps most of them to the end (the walk,
     # the entries): the cyclic collector would go over all of them again and again and
     # find nothing to free (a quarter of the CPU time of 100,000 small files). This
@@ -52,13 +98,33 @@ def import_(ctx: Ctx, src: str, target: str, message: str, prefix: str, no_delet
     map_big_buffers()  # packs and compressed batches are given back when freed, not kept
     try:
         result = import_directory(
-            ctx.plane, src, repo, branch, message, prefix=prefix, delete=not no_delete, rehash=rehash,
-            author=author, progress=ctx.progress(),
+            ctx.plane,
+            src,
+            repo,
+            branch,
+            message,
+            prefix=prefix,
+            delete=not no_delete,
+            rehash=rehash,
+            author=author,
+            progress=ctx.progress(),
+            excludes=excludes,
+            delete_excluded=delete_excluded,
+            dry_run=dry_run,
         )
     finally:
         gc.enable()
     for path in result.skipped:
         click.echo(f"warning: skipped {path} (not a file, directory or symlink)", err=True)
+
+    def planned(r: dict) -> str:
+        lines = [f"{what} {path}" for what in ("add", "change", "remove") for path in r["plan"][what]]
+        click.echo(
+            f"dry run: would add {r['added']}, change {r['changed']}, remove {r['removed']}; "
+            f"read {human_size(r['bytes_hashed'])}; {len(r['excluded'])} excluded; nothing was changed",
+            err=True,
+        )
+        return "\n".join(lines)
 
     def human(r: dict) -> str:
         if r["commit_id"] is None:
@@ -66,12 +132,12 @@ def import_(ctx: Ctx, src: str, target: str, message: str, prefix: str, no_delet
         click.echo(
             f"{r['added']} added, {r['changed']} changed, {r['removed']} removed; "
             f"{human_size(r['bytes_hashed'])} read, {human_size(r['new_bytes'])} new, "
-            f"{human_size(r['stored_bytes'])} stored",
+            f"{human_size(r['stored_bytes'])} stored" + (f"; {len(r['excluded'])} excluded" if r["excluded"] else ""),
             err=True,
         )
         return r["commit_id"]
 
-    ctx.emit(result.describe(), human)
+    ctx.emit(result.describe(), planned if dry_run else human)
 
 
 @click.command("export")

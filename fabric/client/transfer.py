@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from fabric.client.destdir import DestDir
+from fabric.client.excludes import Excludes
 from fabric.client.filereader import batches, ingest_files
 from fabric.client.hardlinks import local_groups, second_names, stored_group
 from fabric.errors import BadRequest, Corruption, FabricError, NotFound
@@ -43,10 +44,18 @@ class ImportResult:
     new_bytes: int = 0
     stored_bytes: int = 0
     skipped: list[str] = field(default_factory=list)
+    #: Paths of the source left out by ``--exclude`` patterns (a directory stands for all under it).
+    excluded: list[str] = field(default_factory=list)
+    #: A dry run: nothing was read, stored or committed; ``plan`` lists what would change.
+    dry_run: bool = False
+    #: Of a dry run: the paths that would be added, changed (or read again) and removed.
+    plan: dict[str, list[str]] = field(default_factory=dict)
 
     def describe(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "commit"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("commit", "plan") and (k != "dry_run" or v)}
         d["commit_id"] = self.commit.id if self.commit else None
+        if self.dry_run:
+            d["plan"] = self.plan
         return d
 
 
@@ -76,9 +85,12 @@ def normalize_prefix(prefix: str) -> str:
     return ""
 
 
-def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Iterator[LocalItem]:
+def walk(
+    root: str, prefix: str = "", skipped: list[str] | None = None, excludes: Excludes | None = None, excluded: list[str] | None = None
+) -> Iterator[LocalItem]:
     """Files, symlinks, and the directories that need an entry of their own (unordered):
-    empty ones, and those whose mode is not :data:`DEFAULT_DIR_MODE`."""
+    empty ones, and those whose mode is not :data:`DEFAULT_DIR_MODE`. What ``excludes``
+    leaves out is not entered nor yielded; its paths go to ``excluded``."""
     stack = [(root, prefix)]
     while stack:
         dir_abs, dir_rel = stack.pop()
@@ -86,6 +98,8 @@ def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Itera
             entries = list(os.scandir(dir_abs))
         except PermissionError as exc:
             raise BadRequest(f"cannot read directory {dir_abs!r}: {exc.strerror}") from exc
+        if excludes:
+            entries = _kept(entries, dir_rel[len(prefix) :], excludes, excluded)
         if dir_rel and dir_rel != prefix:
             st = os.lstat(dir_abs)
             mode = stat_mod.S_IMODE(st.st_mode)
@@ -112,6 +126,19 @@ def walk(root: str, prefix: str = "", skipped: list[str] | None = None) -> Itera
                 yield LocalItem(rel, de.path, kind, 0, stat_mod.S_IMODE(st.st_mode), st.st_mtime_ns, rdev=rdev)
             elif skipped is not None:
                 skipped.append(rel)
+
+
+def _kept(entries: list[os.DirEntry], dir_rel: str, excludes: Excludes, excluded: list[str] | None) -> list[os.DirEntry]:
+    """The ``entries`` of the directory ``dir_rel`` (relative to the walk's root) no pattern excludes."""
+    kept = []
+    for de in entries:
+        rel = dir_rel + de.name
+        if excludes.excluded(rel, de.is_dir(follow_symlinks=False)):
+            if excluded is not None:
+                excluded.append(rel)
+        else:
+            kept.append(de)
+    return kept
 
 
 def same_file(a: Entry, b: Entry) -> bool:
@@ -141,12 +168,18 @@ def import_directory(
     rehash: bool = False,
     author: str | None = None,
     progress: Progress | None = None,
+    excludes: Excludes | None = None,
+    delete_excluded: bool = False,
+    dry_run: bool = False,
 ) -> ImportResult:
     """Make ``repo@branch`` (under ``prefix``) equal to directory ``src`` and commit.
 
     Files whose size, mode and mtime match the branch's entry are not read
     again (``rehash`` reads everything). With ``delete=False`` paths missing
-    from ``src`` are kept. Returns a result with ``commit=None`` when nothing
+    from ``src`` are kept. What ``excludes`` leaves out of ``src`` is not imported, and
+    kept on the branch unless ``delete_excluded`` (as rsync's ``--exclude`` and
+    ``--delete-excluded``). ``dry_run``: read, store and commit nothing; the result's
+    ``plan`` lists what would change. Returns a result with ``commit=None`` when nothing
     changed.
     """
     progress = progress or Progress()
@@ -154,8 +187,8 @@ def import_directory(
         raise BadRequest(f"{src!r} is not a directory")
     prefix = normalize_prefix(prefix)
     head = plane.resolve_commit(repo, branch)
-    result = ImportResult(None)
-    local = {item.path: item for item in walk(os.path.abspath(src), prefix, result.skipped)}
+    result = ImportResult(None, dry_run=dry_run)
+    local = {item.path: item for item in walk(os.path.abspath(src), prefix, result.skipped, excludes, result.excluded)}
     for path in local:
         check_path(path)
     result.files = len(local)
@@ -181,7 +214,11 @@ def import_directory(
             changes[path] = Entry(DIR, 0, item.mode, item.mtime_ns)
     if delete:
         for path in existing.keys() - local.keys():
+            if excludes and not delete_excluded and excludes.covers(path[len(prefix) :], existing[path].kind == DIR):
+                continue  # left out of the import, so neither sent nor removed
             changes[path] = None
+    if dry_run:
+        return _planned(result, changes, to_hash, existing)
     # Memory: from here on only the items of files to read are kept, and those only
     # until they are read (the commit of 100,000 new files reuses the room).
     del local
@@ -211,6 +248,21 @@ def import_directory(
             result.added += 1
     if changes:
         result.commit = plane.commit_changes(repo, branch, changes, message, author=author, expected_head=head)
+    return result
+
+
+def _planned(result: ImportResult, changes: dict[str, Entry | None], to_hash: list[LocalItem], existing: dict[str, Entry]) -> ImportResult:
+    """``result`` of a dry run: what the import would add, change (files: read again) and remove."""
+    plan: dict[str, list[str]] = {"add": [], "change": [], "remove": []}
+    for path, entry in changes.items():
+        plan["remove" if entry is None else "change" if path in existing else "add"].append(path)
+    for item in to_hash:
+        plan["change" if item.path in existing else "add"].append(item.path)
+    for paths in plan.values():
+        paths.sort()
+    result.plan = plan
+    result.added, result.changed, result.removed = len(plan["add"]), len(plan["change"]), len(plan["remove"])
+    result.bytes_hashed = sum(item.size for item in to_hash)
     return result
 
 
