@@ -118,7 +118,7 @@ def test_symlink_already_in_dest_is_replaced_not_followed(cli, tmp_path, outside
 
 
 def test_directory_in_dest_where_the_commit_has_a_file(cli, tmp_path) -> None:
-    """Export never deletes a directory of DEST: a clear error, and nothing inside it is touched."""
+    """Without --delete export never deletes a directory of DEST: a clear error, and nothing inside it is touched."""
     src = tmp_path / "src"
     write_file(str(src / "thing"), b"file\n")
     cli("repo", "create", "demo")

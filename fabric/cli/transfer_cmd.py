@@ -149,9 +149,15 @@ def import_(
     is_flag=True,
     help="Write every file, even one DEST already holds with the same size, mode and mtime (by default such files are left as they are).",
 )
+@click.option(
+    "--delete",
+    is_flag=True,
+    help="Remove what DEST holds that REPO@REF does not (files, links and directories, before writing; as rsync --delete). Preview with --dry-run.",
+)
+@click.option("-n", "--dry-run", is_flag=True, help="Write and remove nothing; print what would be written and (with --delete) removed.")
 @pass_ctx
 @handle_errors
-def export(ctx: Ctx, source: str, dest: str, prefix: str, rewrite: bool) -> None:
+def export(ctx: Ctx, source: str, dest: str, prefix: str, rewrite: bool, delete: bool, dry_run: bool) -> None:
     """Write the files of REPO@REF into directory DEST (modes and mtimes kept).
 
     A file DEST already holds with the same size, mode and modification time
@@ -164,6 +170,11 @@ def export(ctx: Ctx, source: str, dest: str, prefix: str, rewrite: bool) -> None
     --json output. Through a spoke, the order of the files to read is sent
     first as a loader hint (job $FABRIC_JOB, else a new `export:` id), so the
     spoke fetches ahead of the reads.
+
+    \b
+    Examples:
+      fabric export datasets@v2 ./imagenet --delete --dry-run   # what a mirror of v2 would change
+      fabric export datasets@v2 ./imagenet --delete             # DEST becomes exactly v2
     """
     from fabric.client.transfer import export_tree
     from fabric.engine.refs import split_repo_ref
@@ -172,20 +183,29 @@ def export(ctx: Ctx, source: str, dest: str, prefix: str, rewrite: bool) -> None
     plane, job = _export_plane(ctx)
     if ref is None:
         ref = plane.get_repo(repo)["default_branch"]
-    result = export_tree(plane, repo, ref, dest, prefix=prefix, progress=ctx.progress(), rewrite=rewrite, job=job)
+    result = export_tree(plane, repo, ref, dest, prefix=prefix, progress=ctx.progress(), rewrite=rewrite, job=job, delete=delete, dry_run=dry_run)
     for path in result.shadowed:
         click.echo(f"warning: skipped {path}: a directory of the same name shadows it (the tree has paths under {path}/)", err=True)
     for path in result.skipped:
         click.echo(f"warning: skipped {path}: making a device node needs root (CAP_MKNOD)", err=True)
 
+    def planned(r: dict) -> str:
+        click.echo(
+            f"dry run: would write {len(r['to_write'])} of {r['files']} files and remove {len(r['deleted'])} paths in {dest}; nothing was changed",
+            err=True,
+        )
+        return "\n".join([*(f"write {p}" for p in r["to_write"]), *(f"delete {p}" for p in r["deleted"])])
+
     def human(r: dict) -> str:
         line = f"exported {r['files']} files ({human_size(r['bytes'])}) to {dest}"
+        if r["deleted"]:
+            line += f"; removed {len(r['deleted'])} paths not in {repo}@{ref}"
         if r["unchanged"]:
             line += f"; {r['unchanged']} unchanged ({human_size(r['unchanged_bytes'])}) not written"
         line += f"; skipped {len(r['shadowed'])} shadowed" if r["shadowed"] else ""
         return line + (f"; skipped {len(r['skipped'])} devices (not root)" if r["skipped"] else "")
 
-    ctx.emit(result.__dict__, human)
+    ctx.emit(result.__dict__, planned if dry_run else human)
 
 
 def _export_plane(ctx: Ctx) -> tuple[DataPlane, str | None]:

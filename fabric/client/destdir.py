@@ -212,12 +212,68 @@ class DestDir:
             if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
                 raise Conflict(
                     f"{self._show(rel)} is a directory; the export has a file or symlink there "
-                    "(move the directory away: export never deletes one)"
+                    "(move the directory away, or export with --delete)"
                 ) from None
             raise
 
+    def prune(self, keep: Callable[[str, bool], bool], dry_run: bool = False) -> list[str]:
+        """Remove every path below the root that ``keep(rel, is_dir)`` rejects, a directory with
+        everything in it; the paths removed (with ``dry_run``: that would be), in walk order.
+        A kept directory is entered, through its descriptor; a symlink is removed, never
+        followed, so nothing outside the root is touched."""
+        removed: list[str] = []
+        self._prune(self._fd, "", keep, dry_run, removed)
+        return removed
+
+    def _prune(self, dir_fd: int, rel: str, keep: Callable[[str, bool], bool], dry_run: bool, removed: list[str]) -> None:
+        with os.scandir(dir_fd) as entries:
+            listed = sorted((de.name, de.is_dir(follow_symlinks=False)) for de in entries)
+        for name, is_dir in listed:
+            path = rel + name
+            if keep(path, is_dir):
+                if is_dir:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                    try:
+                        self._prune(child, path + "/", keep, dry_run, removed)
+                    finally:
+                        os.close(child)
+                continue
+            removed.append(path)
+            if dry_run:
+                continue
+            if is_dir:
+                _remove_tree(dir_fd, name)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dir_fd)
+
     def _show(self, rel: str) -> str:
         return os.path.join(self.root, rel)
+
+
+def _remove_tree(parent_fd: int, name: str) -> None:
+    """Remove directory ``name`` of ``parent_fd`` and everything in it, never following a link."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno not in _NOT_A_DIR:
+            raise
+        os.unlink(name, dir_fd=parent_fd)  # replaced by a file or a link meanwhile: that goes
+        return
+    try:
+        with os.scandir(fd) as entries:
+            listed = [(de.name, de.is_dir(follow_symlinks=False)) for de in entries]
+        for child, is_dir in listed:
+            if is_dir:
+                _remove_tree(fd, child)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
 
 
 def _base_name(rel: str) -> str:

@@ -18,7 +18,7 @@ from fabric.client.destdir import DestDir
 from fabric.client.excludes import Excludes
 from fabric.client.filereader import batches, ingest_files
 from fabric.client.hardlinks import local_groups, second_names, stored_group
-from fabric.errors import BadRequest, Corruption, FabricError, NotFound
+from fabric.errors import BadRequest, Conflict, Corruption, FabricError, NotFound
 from fabric.format import frames
 from fabric.format.chunking import chunk_id, cut
 from fabric.format.filetypes import kind_of_mode
@@ -282,6 +282,11 @@ class ExportResult:
     shadowed: list[str] = field(default_factory=list)
     #: Special files not written: devices, without the privilege to make them (CAP_MKNOD).
     skipped: list[str] = field(default_factory=list)
+    #: With ``delete``: the paths removed from the destination (a directory stands for all in it).
+    deleted: list[str] = field(default_factory=list)
+    #: A dry run: nothing was written or removed; ``to_write`` and ``deleted`` say what would be.
+    dry_run: bool = False
+    to_write: list[str] = field(default_factory=list)
 
 
 #: Threads of an export writing files: they wait on the network, so there are more of them
@@ -305,12 +310,18 @@ def export_tree(
     progress: Progress | None = None,
     rewrite: bool = False,
     job: str | None = None,
+    delete: bool = False,
+    dry_run: bool = False,
 ) -> ExportResult:
     """Write the files of the commit ``repo@ref`` points at (under ``prefix``) into ``dest``.
 
     Committed data only: a branch's uncommitted changes are not exported.
     Existing files at the same paths are replaced; other files in ``dest`` are
-    left alone. Modes and modification times are restored. A regular file
+    left alone, unless ``delete``: then everything in ``dest`` the tree does not hold is
+    removed first (as ``rsync --delete``), a directory where the tree has a file included,
+    and the result lists it in ``deleted``. ``dry_run``: nothing is written or removed;
+    the result lists what would be (``to_write``, ``deleted``). Modes and modification
+    times are restored. A regular file
     already in ``dest`` with the entry's size, mode and mtime (to the
     nanosecond) is left as it is and counted in the result's ``unchanged``
     (rsync's quick check); ``rewrite`` writes every file.
@@ -325,7 +336,7 @@ def export_tree(
     followed, whether the commit holds it or ``dest`` already did. A file or
     symlink in ``dest`` where the commit has a directory is replaced by a
     directory; a directory in ``dest`` where the commit has a file or symlink is
-    a Conflict (export never deletes a directory; what was written before stays).
+    a Conflict unless ``delete`` (what was written before stays).
     A file or symlink with paths below it in the tree (S3 lets keys ``a`` and
     ``a/b`` coexist) is shadowed by the directory (:mod:`fabric.format.namespace`):
     it is not written, and its path is listed in the result's ``shadowed``.
@@ -359,7 +370,16 @@ def export_tree(
         if entry.kind != DIR and path not in linked_to:
             by_dir.setdefault("/".join(parts[:-1]), []).append((path, entry))
 
+    others = {local(p) for p, e in items if e.kind != DIR}
+
+    def in_tree(rel: str, is_dir: bool) -> bool:
+        return rel in dirs if is_dir else rel in others
+
+    if dry_run:
+        return _export_plan(dest, by_dir, local, in_tree if delete else None, rewrite, items, result)
     with DestDir(dest) as out:
+        if delete:
+            result.deleted = out.prune(in_tree)
         for rel in sorted(dirs):  # parents first
             out.make_dir(rel)
         if not rewrite:
@@ -414,20 +434,48 @@ def export_tree(
     return result
 
 
+def _export_plan(
+    dest: str,
+    by_dir: dict[str, Batch],
+    local: Callable[[str], str],
+    in_tree: Callable[[str, bool], bool] | None,
+    rewrite: bool,
+    items: list[tuple[str, Entry]],
+    result: ExportResult,
+) -> ExportResult:
+    """``result`` of a dry run: what an export would write, and remove (``in_tree`` given)."""
+    result.dry_run = True
+    if os.path.lexists(dest):
+        with DestDir(dest) as out:  # (a directory already: nothing is made)
+            if in_tree is not None:
+                result.deleted = out.prune(in_tree, dry_run=True)
+            if not rewrite:
+                by_dir = _drop_unchanged(out, by_dir, local, result, missing_ok=True)
+    result.to_write = sorted(local(path) for batch in by_dir.values() for path, _ in batch)
+    _count(items, result)
+    return result
+
+
 def _drop_unchanged(
-    out: DestDir, by_dir: dict[str, Batch], local: Callable[[str], str], result: ExportResult
+    out: DestDir, by_dir: dict[str, Batch], local: Callable[[str], str], result: ExportResult, missing_ok: bool = False
 ) -> dict[str, Batch]:
-    """``by_dir`` without the files ``out`` already holds unchanged (counted in ``result``)."""
+    """``by_dir`` without the files ``out`` already holds unchanged (counted in ``result``).
+    ``missing_ok``: a directory that is missing, or no directory, holds nothing unchanged."""
     kept: dict[str, Batch] = {}
     for parent, batch in by_dir.items():
-        with out.directory(parent) as dir_fd:
-            rest = []
-            for path, entry in batch:
-                if entry.kind == FILE and out.unchanged(dir_fd, local(path), entry.size, entry.mode, entry.mtime_ns):
-                    result.unchanged += 1
-                    result.unchanged_bytes += entry.size
-                else:
-                    rest.append((path, entry))
+        try:
+            with out.directory(parent) as dir_fd:
+                rest = []
+                for path, entry in batch:
+                    if entry.kind == FILE and out.unchanged(dir_fd, local(path), entry.size, entry.mode, entry.mtime_ns):
+                        result.unchanged += 1
+                        result.unchanged_bytes += entry.size
+                    else:
+                        rest.append((path, entry))
+        except (FileNotFoundError, Conflict):
+            if not missing_ok:
+                raise
+            rest = batch
         if rest:
             kept[parent] = rest
     return kept
