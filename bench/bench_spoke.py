@@ -10,7 +10,7 @@ bytes that cross it (TCP payload both ways, protocol included):
 
       fabric --server SPOKE export bench@main out          # v1, cold cache, empty directory
       fabric --server HUB import v2 bench@main -m v2       # untimed, at the hub, not over the WAN
-      fabric --server SPOKE export bench@main out          # v2 in place: unchanged files are skipped
+      fabric --server SPOKE export bench@main out --delete # v2 in place: unchanged files are skipped, v1's others removed
       fabric --server SPOKE export bench@main out-v2-warm  # v2-warm: empty directory, warm spoke, no WAN
 
 * fabric-hub (tool ``fabric-hub``): the same v1 and v2 exports straight from the
@@ -122,7 +122,7 @@ def tree_index(root: str) -> dict[str, tuple[int, int]]:
 
 def verify(dst: str, src: str, changed: list[str], stale: frozenset[str] = frozenset()) -> None:
     """``dst`` holds exactly ``src``'s files (size, mtime to the second), and the changed files byte for
-    byte; ``stale``: paths ``dst`` may hold besides (an in-place export deletes nothing)."""
+    byte; ``stale``: paths ``dst`` may hold besides (an in-place export without ``--delete``)."""
     a, b = tree_index(dst), tree_index(src)
     a = {k: v for k, v in a.items() if k in b or k not in stale}
     if a != b:
@@ -177,8 +177,8 @@ def fabric_round(a: argparse.Namespace, ctx: dict, r: int, via_spoke: bool = Tru
                 dst = os.path.join(base, "out-v2-warm" if ver == "v2-warm" else "out")
                 if ver == "v2":
                     _import_v2(hub, spoke, ctx)
-                out[ver] = _fabric_phase(proxy, hub, spoke, dst)
-                stale = ctx["v1_only"] if ver == "v2" else frozenset()
+                out[ver] = _fabric_phase(proxy, hub, spoke, dst, ctx["export_deletes"])
+                stale = ctx["v1_only"] if ver == "v2" and not ctx["export_deletes"] else frozenset()
                 verify(dst, ctx[ver[:2]], ctx["changed"] if ver != "v1" else [], stale)
             return out
 
@@ -264,9 +264,17 @@ def _mount_pid(mp: str) -> int:
     raise SystemExit(f"no fabric mount process serves {mp}")
 
 
-def _fabric_phase(proxy: WanProxy, hub: Hub, spoke: Spoke | None, dst: str) -> dict:
-    """One timed ``fabric export bench@main DST`` from the spoke (its stats before and after) or the hub."""
-    cmd = spoke.cli("export", "bench@main", dst) if spoke is not None else hub.cli("export", "bench@main", dst, url=proxy.url_for())
+def export_deletes(python: str) -> bool:
+    """Whether the fabric run has ``fabric export --delete`` (a revision from before it, run with
+    ``FABRIC_SRC``, leaves the files v2 dropped in place)."""
+    return "--delete" in run(fabric_cmd(python) + ["export", "--help"], env=fabric_env())
+
+
+def _fabric_phase(proxy: WanProxy, hub: Hub, spoke: Spoke | None, dst: str, delete: bool) -> dict:
+    """One timed ``fabric export bench@main DST [--delete]`` from the spoke (its stats before and
+    after) or the hub."""
+    args = ("export", "bench@main", dst, *(("--delete",) if delete else ()))
+    cmd = spoke.cli(*args) if spoke is not None else hub.cli(*args, url=proxy.url_for())
     st0 = spoke.stats() if spoke is not None else None
     t, w = timed_phase(cmd, proxy, env=fabric_env(),
                        servers=(spoke.proc.pid, hub.proc.pid) if spoke is not None else (hub.proc.pid,))
@@ -358,6 +366,7 @@ def prepare(a: argparse.Namespace, data: str, ctx: dict) -> None:
     ctx.update({"v1": os.path.join(data, "v1"), "v2": os.path.join(data, "v2"), "manifest": load_manifest(data)})
     ctx["changed"] = changed_files(ctx["manifest"], ctx["v2"])
     ctx["v1_only"] = frozenset(tree_index(ctx["v1"]).keys() - tree_index(ctx["v2"]).keys())
+    ctx["export_deletes"] = export_deletes(a.python)
     prep = os.path.join(a.work, "spoke-prep")
     remove(prep)
     os.makedirs(prep)
