@@ -164,6 +164,7 @@ statistics, is at --log-file.
 @click.option("--seed-copies-size", type=Size(), default="5G", show_default=True, help="Size bound of the copies in --seed-copies (the least recently opened go first).")
 @click.option("--spoke-cache", type=click.Path(file_okay=False), help="The --cache directory of the spoke SERVER_URL names, when it runs on this machine: chunks it holds are read from its files, each checked against its id, instead of over HTTP (about half the CPU of a warm read). Read-only; chunks it lacks still come from the spoke.")
 @click.option("--write-dir", type=click.Path(file_okay=False), help="Where files being written are kept until staged (default: a new temporary directory).")
+@click.option("--bwlimit", metavar="RATE|UP:DOWN", help="Move at most RATE bytes a second each way with SERVER_URL (K, M, G: binary units; e.g. 100M), or UP:DOWN ('off' for no cap one way).")
 @click.option("--uid", type=int, default=None, help="Owner shown for entries that record none (default: the mounting user).")
 @click.option("--gid", type=int, default=None, help="Group shown for entries that record none (default: the mounting user's group).")
 @click.option("-o", "options", multiple=True, metavar="OPT[=VAL]", help="Extra FUSE mount option (repeatable), e.g. -o max_read=1048576.")
@@ -201,6 +202,7 @@ def mount(
     seed_copies_size: int,
     spoke_cache: str | None,
     write_dir: str | None,
+    bwlimit: str | None,
     uid: int | None,
     gid: int | None,
     options: tuple[str, ...],
@@ -236,6 +238,10 @@ def mount(
     for o in options:
         key, eq, value = o.partition("=")
         fuse_options[key] = value if eq else True
+    if bwlimit:
+        from fabric.client.bandwidth import parse_bwlimit
+
+        parse_bwlimit(bwlimit)  # refused here, before anything is mounted
     if not foreground:
         # Fail fast, in this terminal, on what can be checked here.
         check_mountpoint(mountpoint)
@@ -244,7 +250,7 @@ def mount(
                 SpokeFiles(spoke_cache)
             except BadRequest as exc:
                 raise BadRequest(f"--spoke-cache: {exc}") from None
-        is_branch = resolve_target(open_plane(server_url, token, durability), repo, ref, rw)[0]
+        is_branch = resolve_target(open_plane(server_url, token, durability, bwlimit), repo, ref, rw)[0]
         check_passthrough(MountConfig(repo, ref, cache_dir=cache_dir, passthrough=passthrough, copies_dir=copies_dir,
                                       check_copies=not no_passthrough_check), is_branch, fuse_options)
         check_write_dirs(MountConfig(repo, ref, writable=rw, cache_dir=cache_dir, write_dir=write_dir, seed_copies=seed_copies))
@@ -285,6 +291,7 @@ def mount(
         writeback_backlog=writeback_backlog,
         stream_writes=not (no_stream_writes or writeback),  # (--writeback chunks after the close: fuse/writeback.py)
         job=os.environ.get(JOB_ENV) or None,
+        bwlimit=bwlimit,
     )
     run_foreground(server_url, token, cfg, mountpoint, allow_other, fuse_options, ready_fd, stats_interval)
 

@@ -35,6 +35,7 @@ class MountConfig:
     seed_copies: str | None = None  # a --passthrough mount's --copies-dir: copies of the files staged are left there (fabric/cache/seeds.py)
     seed_copies_size: int = 5 * 1024**3
     job: str | None = None  # FABRIC_JOB: the job the mount reads for (a spoke learns its opens, fuse/opens.py)
+    bwlimit: str | None = None  # --bwlimit: caps on the bytes a second to and from the server (fabric/client/bandwidth.py)
 
     @property
     def copies_budget(self) -> int:

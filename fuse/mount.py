@@ -72,11 +72,12 @@ def read_state(mountpoint: str) -> dict | None:
         return None
 
 
-def open_plane(server: str, token: str | None, durability: str):
+def open_plane(server: str, token: str | None, durability: str, bwlimit: str | None = None):
+    from fabric.client.bandwidth import parse_bwlimit
     from fabric.client.http import HttpPlane
 
     # Spokes acknowledge writes once durable at this level; a hub is always at "hub".
-    return HttpPlane(server, token, durability=durability)
+    return HttpPlane(server, token, durability=durability, bandwidth=parse_bwlimit(bwlimit) if bwlimit else None)
 
 
 def resolve_target(plane, repo: str, ref: str, writable: bool) -> tuple[bool, str, float]:
@@ -173,7 +174,7 @@ def run_foreground(
     raise_open_files_limit()
     try:
         mp = check_mountpoint(mountpoint)
-        plane = open_plane(server, token, cfg.durability)
+        plane = open_plane(server, token, cfg.durability, cfg.bwlimit)
         is_branch, commit_id, commit_time = resolve_target(plane, cfg.repo, cfg.ref, cfg.writable)
         check_passthrough(cfg, is_branch, fuse_options)
         check_write_dirs(cfg)

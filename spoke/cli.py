@@ -46,6 +46,13 @@ def _hub_timeouts(ctx: click.Context, param: click.Parameter, value: str | None)
     "merges, uploads). Defaults: connect 5, read 10, write 60, pool 10, slow 300.",
 )
 @click.option(
+    "--hub-bwlimit",
+    metavar="RATE|UP:DOWN",
+    help="Move at most RATE bytes a second each way with the hub (K, M, G: binary units; e.g. 200M), or UP:DOWN "
+    "('off' for no cap one way): fetches, prefetch and write-back then leave the rest of the WAN link to other traffic. "
+    "Default: no cap.",
+)
+@click.option(
     "--memory-cache",
     default="64MiB",
     show_default=True,
@@ -166,6 +173,7 @@ def spoke(
     lease: float,
     durability: str,
     hub_timeouts: Timeouts,
+    hub_bwlimit: str | None,
     memory_cache: str,
     hint_window: str | None,
     prefetch_share: float,
@@ -194,6 +202,7 @@ def spoke(
     import uvicorn
 
     from fabric.api.serving import serve_together
+    from fabric.client.bandwidth import parse_bwlimit
     from fabric.client.breaker import BreakerTransport
 
     from .app import create_app
@@ -237,6 +246,7 @@ def spoke(
         mirror_capacity=parse_size(mirror_capacity),
         seed_copies=seed_copies,
         seed_copies_size=parse_size(seed_copies_size),
+        hub_bandwidth=parse_bwlimit(hub_bwlimit) if hub_bwlimit else None,
         peer_timeouts=Timeouts(connect=min(1.0, peer_timeout), read=peer_timeout, write=peer_timeout, pool=peer_timeout, slow=peer_timeout),
     )
     auth = keys = None

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from fabric.api.peers import peer_request
 from fabric.cache.disk import DiskCache
 from fabric.cache.spoke_layout import chunk_dir
+from fabric.client.bandwidth import Bandwidth
 from fabric.client.breaker import BreakerTransport, CircuitBreaker
 from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane, Timeouts
 from fabric.client.transport import HttpClientTransport
@@ -140,8 +141,11 @@ class SpokePlane(DataPlane):
         mirror_capacity: int = MIRROR_CAPACITY,
         seed_copies: str | None = None,
         seed_copies_size: int = SEED_COPIES_BUDGET,
+        hub_bandwidth: Bandwidth | None = None,
     ) -> None:
-        """``group``: join this spoke group at the hub; ``peers``: a fixed group of these
+        """``hub_bandwidth``: caps on the bytes a second sent to and received from the hub
+        (:mod:`fabric.client.bandwidth`; the region's other traffic keeps the rest of the link).
+        ``group``: join this spoke group at the hub; ``peers``: a fixed group of these
         spokes instead; either needs ``advertise``, the URL the other members reach this
         spoke at. Chunks are then fetched from their owner in the group (:mod:`spoke.peers`).
         ``memory_cache``: bytes of verified, decoded chunks kept in memory in front of the
@@ -183,7 +187,7 @@ class SpokePlane(DataPlane):
         #: and take the "hub is away" path, until a probe gets an answer.
         self.breaker = CircuitBreaker()
         transport = BreakerTransport(self.breaker, CountingTransport(self.traffic, HttpClientTransport(retries=1)))
-        hub = HttpPlane(hub_url, token, hub_timeouts, transport)
+        hub = HttpPlane(hub_url, token, hub_timeouts, transport, bandwidth=hub_bandwidth)
         # How the hub's console names this spoke (hub/watch.py, SPOKE_HEADER).
         hub.http.headers["X-Fabric-Spoke"] = advertise or socket.gethostname()
         self.upstream = MetricsPlane(hub, self.upstream_metrics, UPSTREAM_METRICS)

@@ -14,6 +14,7 @@ import click
 from fabric.errors import FabricError
 
 if TYPE_CHECKING:  # the plane and its client are imported when a command first uses them (cheap start-up)
+    from fabric.client.bandwidth import Bandwidth
     from fabric.plane.dataplane import DataPlane
     from fabric.util.progress import TqdmProgress
 
@@ -29,7 +30,19 @@ class Ctx:
     token: str | None
     json: bool
     quiet: bool
+    #: ``--bwlimit``: the caps on the traffic with --server (None: none).
+    bwlimit: str | None = None
     _plane: Any = field(default=None, repr=False)
+
+    def bandwidth(self) -> Bandwidth | None:
+        """The caps of ``--bwlimit``; a usage error when there is no --server for them to limit."""
+        if not self.bwlimit:
+            return None
+        if not self.server:
+            raise click.UsageError("--bwlimit limits the traffic with a --server; without one, commands work on --data directly")
+        from fabric.client.bandwidth import parse_bwlimit
+
+        return parse_bwlimit(self.bwlimit)
 
     @property
     def plane(self) -> DataPlane:
@@ -38,8 +51,9 @@ class Ctx:
             if self.server:
                 from fabric.client.http import HttpPlane
 
-                self._plane = HttpPlane(self.server, self.token)
+                self._plane = HttpPlane(self.server, self.token, bandwidth=self.bandwidth())
             else:
+                self.bandwidth()  # refused without a server
                 from fabric.engine.engine import Engine
 
                 self._plane = Engine.open(self.data, self.db, self.store)

@@ -109,6 +109,13 @@ class FabricGroup(click.Group):
 @click.option("--store", envvar="FABRIC_STORE", metavar="URL", help="Object store for packs: a path, s3://bucket/prefix or an fsspec URL (default: DIR/store; remembered).")
 @click.option("--server", envvar="FABRIC_SERVER", metavar="URL[,URL...]", help="Work against a hub or spoke at URL instead of --data. Several URLs, comma-separated (the spokes of your region, then the hub): the nearest healthy one is used, the next when it fails. Env: FABRIC_SERVER.")
 @click.option("--token", envvar="FABRIC_TOKEN", metavar="TOKEN", help="API token for --server. Env: FABRIC_TOKEN.")
+@click.option(
+    "--bwlimit",
+    envvar="FABRIC_BWLIMIT",
+    metavar="RATE|UP:DOWN",
+    help="With --server: move at most RATE bytes a second each way (K, M, G: binary units; e.g. 50M), or UP:DOWN "
+    "(e.g. 10M:100M; 'off' for no cap one way), so an import or export leaves room on a shared link. Env: FABRIC_BWLIMIT.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @click.version_option(__version__, prog_name="fabric")
@@ -120,6 +127,7 @@ def cli(
     store: str | None,
     server: str | None,
     token: str | None,
+    bwlimit: str | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -138,7 +146,7 @@ def cli(
 
     Without --server, commands work directly on the hub data directory --data.
     """
-    ctx.obj = Ctx(data, db, store, server, token, as_json, quiet)
+    ctx.obj = Ctx(data, db, store, server, token, as_json, quiet, bwlimit=bwlimit)
 
 
 for module in (repo_cmd, transfer_cmd, objects_cmd, refs_cmd, checkpoint_cmd, maint_cmd, token_cmd, up_cmd, bucket_cmd, writeback_cmd):

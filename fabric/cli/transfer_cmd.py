@@ -218,7 +218,7 @@ def _export_plane(ctx: Ctx) -> tuple[DataPlane, str | None]:
     from fabric.plane.jobs import JOB_ENV
 
     job = os.environ.get(JOB_ENV) or new_export_job()
-    return HttpPlane(ctx.server, ctx.token, job=job), job
+    return HttpPlane(ctx.server, ctx.token, job=job, bandwidth=ctx.bandwidth()), job
 
 
 def register(cli: click.Group) -> None:

@@ -34,6 +34,7 @@ import msgpack
 
 from fabric import errors
 from fabric.auth.principal import Principal
+from fabric.client.bandwidth import Bandwidth, ThrottledTransport
 from fabric.client.records import parse_records
 from fabric.client.servers import ServerSet, Unreachable
 from fabric.client.transport import HttpClientTransport
@@ -191,10 +192,12 @@ class HttpPlane(DataPlane):
         transport: httpx.BaseTransport | None = None,
         job: str | None = None,
         durability: str | None = None,
+        bandwidth: Bandwidth | None = None,
     ) -> None:
         """``url``: a server's base URL, or several, comma-separated, nearest first (BadRequest
         naming a bad one); each gets the same token. ``timeout``: seconds for every phase but
-        connecting (10 s), or :class:`Timeouts`.
+        connecting (10 s), or :class:`Timeouts`. ``bandwidth``: caps on the bytes sent and
+        received a second (:mod:`fabric.client.bandwidth`).
         ``job``: the job every request reads for (``X-Fabric-Job``; default: env ``FABRIC_JOB``,
         if set); BadRequest when it is not a valid job id.
         ``durability``: the level every write asks a spoke for (``X-Fabric-Durability``, one of
@@ -212,12 +215,13 @@ class HttpPlane(DataPlane):
             # No TLS to check: spare loading the CA bundle (~40 ms of every CLI command). A context
             # that requires certificates and trusts none, so a TLS connection would fail, never go unchecked.
             verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        transport = transport or HttpClientTransport(verify)
         self.http = httpx.Client(
             base_url=self.servers.urls[0] + API,
             headers=headers,
             timeout=self.timeouts.as_httpx(),
             verify=verify,
-            transport=transport or HttpClientTransport(verify),
+            transport=ThrottledTransport(transport, bandwidth) if bandwidth else transport,
         )
         self._slow = self.timeouts.as_httpx(slow=True)
 
