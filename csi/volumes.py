@@ -156,6 +156,7 @@ class MountOptions:
     commit_on_unmount: bool = False
     writeback: bool = False
     passthrough: bool = False
+    bwlimit: str = ""
 
     def mount_args(self, cache_dir: str, write_dir: str | None = None, copies_dir: str | None = None) -> list[str]:
         """``cache-size`` keeps chunks on the node's disk, in ``cache_dir``, up to that size;
@@ -177,12 +178,25 @@ class MountOptions:
             args += ["--commit-interval", self.commit_interval]
         if self.commit_on_unmount:
             args.append("--commit-on-unmount")
+        if self.bwlimit:
+            args += ["--bwlimit", self.bwlimit]
         return args
+
+
+def _bwlimit(value: str) -> str:
+    """A ``bwlimit=`` value as ``fabric mount --bwlimit`` takes it; VolumeError otherwise."""
+    from fabric.client.bandwidth import parse_bwlimit
+
+    try:
+        parse_bwlimit(value)
+    except BadRequest as exc:
+        raise VolumeError(f"mount option bwlimit={value}: {exc.message}") from None
+    return value
 
 
 def parse_mount_flags(flags: list[str]) -> MountOptions:
     """``ro``, ``durability=…``, ``cache-size=…``, ``commit-interval=…``, ``commit-on-unmount``,
-    ``writeback``, ``passthrough`` (with ``cache-size``)."""
+    ``writeback``, ``passthrough`` (with ``cache-size``), ``bwlimit=RATE`` or ``bwlimit=UP:DOWN``."""
     values: dict = {}
     for flag in flags:
         for item in flag.split(","):
@@ -203,10 +217,12 @@ def parse_mount_flags(flags: list[str]) -> MountOptions:
                 values["writeback"] = True
             elif key == "passthrough" and not eq:
                 values["passthrough"] = True
+            elif key == "bwlimit" and eq:
+                values["bwlimit"] = _bwlimit(value)
             else:
                 raise VolumeError(
                     f"mount option {item.strip()!r}: fabric volumes take ro, durability=local|replicated|hub, "
-                    "cache-size=SIZE, commit-interval=SECONDS, commit-on-unmount, writeback and passthrough"
+                    "cache-size=SIZE, commit-interval=SECONDS, commit-on-unmount, writeback, passthrough and bwlimit=RATE|UP:DOWN"
                 )
     if values.get("passthrough") and not values.get("cache_size"):
         raise VolumeError("mount option passthrough needs cache-size=SIZE: the files the kernel reads are copies on the node's disk")

@@ -40,9 +40,12 @@ def test_mount_options():
     assert opts.read_only and opts.durability == "replicated"
     assert opts.mount_args("/c") == ["--durability", "replicated", "--cache-dir", "/c", "--cache-size", "20G", "--commit-interval", "30", "--commit-on-unmount"]
     assert parse_mount_flags([]).mount_args("/c") == ["--durability", "local"]
+    assert parse_mount_flags(["bwlimit=10M:100M"]).mount_args("/c") == ["--durability", "local", "--bwlimit", "10M:100M"]
     for bad in (["durability=disk"], ["cache-size=lots"], ["nolock"], ["commit-interval=-1"], ["ro=1"]):
         with pytest.raises(VolumeError, match="fabric volumes take"):
             parse_mount_flags(bad)
+    with pytest.raises(VolumeError, match="bwlimit=fast"):
+        parse_mount_flags(["bwlimit=fast"])
 
 
 def test_local_spoke_values_and_the_nearest_server():
