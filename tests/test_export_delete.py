@@ -117,3 +117,23 @@ def test_a_dest_that_is_a_link_to_a_directory_is_pruned_inside_that_directory(cl
     os.symlink(real, tmp_path / "dest")
     cli("export", "mirror@main", str(tmp_path / "dest"), "--delete")
     assert listing(real) == V2
+
+
+def test_excluded_paths_are_neither_written_nor_removed(cli, tmp_path):
+    versions(cli, tmp_path)
+    dest = tmp_path / "dest"
+    write_file(str(dest / "notes" / "mine.txt"), b"local notes\n")
+    write_file(str(dest / "scratch.tmp"), b"scratch\n")
+    r = cli("--json", "export", "mirror@main", str(dest), "--delete", "--exclude", "notes/", "--exclude", "*.tmp", "--exclude", "edit.txt").json()
+    assert r["deleted"] == []
+    assert listing(dest) == {**{k: v for k, v in V2.items() if k != "edit.txt"}, "notes": "dir", "notes/mine.txt": "local notes\n", "scratch.tmp": "scratch\n"}
+
+    cli("export", "mirror@main", str(dest), "--delete", "--exclude", "notes/", "--exclude", "*.tmp", "--delete-excluded")
+    assert listing(dest) == V2
+
+
+def test_delete_excluded_without_delete_is_refused(cli, tmp_path):
+    versions(cli, tmp_path)
+    r = cli("export", "mirror@main", str(tmp_path / "dest"), "--exclude", "*.tmp", "--delete-excluded", check=False)
+    assert r.returncode == 2 and "--delete" in r.stderr
+    assert not (tmp_path / "dest").exists()

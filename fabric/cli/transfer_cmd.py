@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
@@ -12,6 +13,7 @@ from fabric.cli.context import Ctx, handle_errors, human_size, pass_ctx
 from fabric.errors import BadRequest
 
 if TYPE_CHECKING:
+    from fabric.client.excludes import Excludes
     from fabric.plane.dataplane import DataPlane
 
 
@@ -24,6 +26,51 @@ def repo_branch(spec: str) -> tuple[str, str]:
     return repo, branch
 
 
+def exclude_options(source: str, target: str) -> Callable[[Callable], Callable]:
+    """``--exclude``, ``--exclude-from`` and ``--delete-excluded`` of a command copying ``source`` to ``target``."""
+
+    def apply(command: Callable) -> Callable:
+        for option in reversed(
+            [
+                click.option(
+                    "--exclude",
+                    "exclude",
+                    multiple=True,
+                    metavar="PATTERN",
+                    help=f"Leave out paths of {source} matching PATTERN (repeatable): '*.tmp' or '.git' matches a name at any "
+                    f"depth, '/build' or 'data/raw/*.csv' a path from {source}'s root, a trailing '/' directories only, '**' any "
+                    f"run of directories. Excluded paths already in {target} are kept (see --delete-excluded).",
+                ),
+                click.option(
+                    "--exclude-from",
+                    "exclude_from",
+                    type=click.File("r", encoding="utf-8"),
+                    multiple=True,
+                    metavar="FILE",
+                    help="Read --exclude patterns from FILE, one a line (blank lines and '#' comments skipped).",
+                ),
+                click.option("--delete-excluded", is_flag=True, help=f"Also remove from {target} what --exclude leaves out."),
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return apply
+
+
+def read_excludes(exclude: tuple[str, ...], exclude_from: tuple, delete_excluded: bool, deletes: bool, no_delete_flag: str) -> Excludes:
+    """The patterns of ``--exclude`` and ``--exclude-from``; usage errors for ``--delete-excluded``
+    without patterns or where nothing is deleted (``deletes`` False: ``no_delete_flag`` given or implied)."""
+    from fabric.client.excludes import Excludes, read_patterns
+
+    if delete_excluded and not deletes:
+        raise click.UsageError(f"--delete-excluded removes paths, {no_delete_flag}")
+    patterns = [*exclude, *(p for f in exclude_from for p in read_patterns(f.read()))]
+    if delete_excluded and not patterns:
+        raise click.UsageError("--delete-excluded needs --exclude or --exclude-from")
+    return Excludes(patterns)
+
+
 @click.command("import")
 @click.argument("src", type=click.Path(file_okay=False))
 @click.argument("target", metavar="REPO@BRANCH")
@@ -32,24 +79,7 @@ def repo_branch(spec: str) -> tuple[str, str]:
 @click.option("--no-delete", is_flag=True, help="Only add and update; keep paths missing from SRC.")
 @click.option("--rehash", is_flag=True, help="Read every file even if its size and mtime are unchanged.")
 @click.option("--author", help="Commit author (default: $FABRIC_AUTHOR or your user name).")
-@click.option(
-    "--exclude",
-    "exclude",
-    multiple=True,
-    metavar="PATTERN",
-    help="Leave out paths of SRC matching PATTERN (repeatable): '*.tmp' or '.git' matches a name at any depth, "
-    "'/build' or 'data/raw/*.csv' a path from SRC's root, a trailing '/' directories only, '**' any run of directories. "
-    "Excluded paths already on the branch are kept (see --delete-excluded).",
-)
-@click.option(
-    "--exclude-from",
-    "exclude_from",
-    type=click.File("r", encoding="utf-8"),
-    multiple=True,
-    metavar="FILE",
-    help="Read --exclude patterns from FILE, one a line (blank lines and '#' comments skipped).",
-)
-@click.option("--delete-excluded", is_flag=True, help="Also remove from the branch what --exclude leaves out of SRC.")
+@exclude_options("SRC", "the branch")
 @click.option(
     "-n", "--dry-run", is_flag=True, help="Read, store and commit nothing; print what would be added, changed and removed (one path a line, then a summary)."
 )
@@ -79,17 +109,11 @@ def import_(
       fabric import ./imagenet datasets@main -m "v2" --exclude .git --exclude '*.tmp'
       fabric import ./imagenet datasets@main -m "v2" --dry-run
     """
-    from fabric.client.excludes import Excludes, read_patterns
     from fabric.client.transfer import import_directory
     from fabric.util.heap import map_big_buffers
 
     repo, branch = repo_branch(target)
-    if delete_excluded and no_delete:
-        raise click.UsageError("--delete-excluded removes paths, --no-delete keeps them: give one of them")
-    patterns = [*exclude, *(p for f in exclude_from for p in read_patterns(f.read()))]
-    if delete_excluded and not patterns:
-        raise click.UsageError("--delete-excluded needs --exclude or --exclude-from")
-    excludes = Excludes(patterns)
+    excludes = read_excludes(exclude, exclude_from, delete_excluded, not no_delete, "--no-delete keeps them: give one of them")
     # An import makes a few objects per file and keeps most of them to the end (the walk,
     # the entries): the cyclic collector would go over all of them again and again and
     # find nothing to free (a quarter of the CPU time of 100,000 small files). This
@@ -154,10 +178,22 @@ def import_(
     is_flag=True,
     help="Remove what DEST holds that REPO@REF does not (files, links and directories, before writing; as rsync --delete). Preview with --dry-run.",
 )
+@exclude_options("REPO@REF", "DEST (with --delete)")
 @click.option("-n", "--dry-run", is_flag=True, help="Write and remove nothing; print what would be written and (with --delete) removed.")
 @pass_ctx
 @handle_errors
-def export(ctx: Ctx, source: str, dest: str, prefix: str, rewrite: bool, delete: bool, dry_run: bool) -> None:
+def export(
+    ctx: Ctx,
+    source: str,
+    dest: str,
+    prefix: str,
+    rewrite: bool,
+    delete: bool,
+    exclude: tuple[str, ...],
+    exclude_from: tuple,
+    delete_excluded: bool,
+    dry_run: bool,
+) -> None:
     """Write the files of REPO@REF into directory DEST (modes and mtimes kept).
 
     A file DEST already holds with the same size, mode and modification time
@@ -180,10 +216,24 @@ def export(ctx: Ctx, source: str, dest: str, prefix: str, rewrite: bool, delete:
     from fabric.engine.refs import split_repo_ref
 
     repo, ref = split_repo_ref(source, None)
+    excludes = read_excludes(exclude, exclude_from, delete_excluded, delete, "and only --delete removes any: add --delete")
     plane, job = _export_plane(ctx)
     if ref is None:
         ref = plane.get_repo(repo)["default_branch"]
-    result = export_tree(plane, repo, ref, dest, prefix=prefix, progress=ctx.progress(), rewrite=rewrite, job=job, delete=delete, dry_run=dry_run)
+    result = export_tree(
+        plane,
+        repo,
+        ref,
+        dest,
+        prefix=prefix,
+        progress=ctx.progress(),
+        rewrite=rewrite,
+        job=job,
+        delete=delete,
+        dry_run=dry_run,
+        excludes=excludes,
+        delete_excluded=delete_excluded,
+    )
     for path in result.shadowed:
         click.echo(f"warning: skipped {path}: a directory of the same name shadows it (the tree has paths under {path}/)", err=True)
     for path in result.skipped:

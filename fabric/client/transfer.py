@@ -312,6 +312,8 @@ def export_tree(
     job: str | None = None,
     delete: bool = False,
     dry_run: bool = False,
+    excludes: Excludes | None = None,
+    delete_excluded: bool = False,
 ) -> ExportResult:
     """Write the files of the commit ``repo@ref`` points at (under ``prefix``) into ``dest``.
 
@@ -320,8 +322,10 @@ def export_tree(
     left alone, unless ``delete``: then everything in ``dest`` the tree does not hold is
     removed first (as ``rsync --delete``), a directory where the tree has a file included,
     and the result lists it in ``deleted``. ``dry_run``: nothing is written or removed;
-    the result lists what would be (``to_write``, ``deleted``). Modes and modification
-    times are restored. A regular file
+    the result lists what would be (``to_write``, ``deleted``). What ``excludes`` matches
+    (paths relative to ``prefix``) is not written, and with ``delete`` not removed from
+    ``dest`` either unless ``delete_excluded`` (as rsync's ``--exclude``). Modes and
+    modification times are restored. A regular file
     already in ``dest`` with the entry's size, mode and mtime (to the
     nanosecond) is left as it is and counted in the result's ``unchanged``
     (rsync's quick check); ``rewrite`` writes every file.
@@ -361,6 +365,9 @@ def export_tree(
             raise Corruption(f"the listing of {prefix!r} in {repo}@{ref} holds {path!r}")
         return check_path(path[len(prefix) :])
 
+    if excludes:
+        items = [(p, e) for p, e in items if not excludes.covers(local(p), e.kind == DIR)]
+
     dirs = {local(p) for p, e in items if e.kind == DIR}
     linked_to = second_names(items)  # hard links: made after their first name is written
     by_dir: dict[str, Batch] = {}
@@ -373,6 +380,9 @@ def export_tree(
     others = {local(p) for p, e in items if e.kind != DIR}
 
     def in_tree(rel: str, is_dir: bool) -> bool:
+        """Whether ``dest`` keeps ``rel`` under ``delete``: the tree has it, or it is excluded (and kept)."""
+        if excludes and not delete_excluded and excludes.covers(rel, is_dir):
+            return True
         return rel in dirs if is_dir else rel in others
 
     if dry_run:
