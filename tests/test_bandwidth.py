@@ -85,15 +85,20 @@ def fabric(hub, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+def new_repo_and_source(hub, src, mib: int) -> str:
+    """A new repository's name, and ``src/data.bin``: ``mib`` MiB of incompressible bytes."""
+    repo = unique_name("bw")
+    hub.plane().create_repo(repo)
+    src.mkdir()
+    (src / "data.bin").write_bytes(random_bytes(mib * MiB, mib))
+    return repo
+
+
 @pytest.fixture
 def three_mib(hub, tmp_path):
     """A repository holding one 3 MiB file of incompressible bytes."""
-    repo = unique_name("bw")
-    hub.plane().create_repo(repo)
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "data.bin").write_bytes(random_bytes(3 * MiB, 7))
-    import_directory(hub.plane(), str(src), repo, "main", "3 MiB")
+    repo = new_repo_and_source(hub, tmp_path / "src", 3)
+    import_directory(hub.plane(), str(tmp_path / "src"), repo, "main", "3 MiB")
     return repo
 
 
@@ -105,11 +110,8 @@ def test_an_export_is_held_to_the_download_cap(hub, three_mib, tmp_path):
 
 
 def test_an_import_is_held_to_the_upload_cap(hub, tmp_path):
-    repo = unique_name("bwup")
-    hub.plane().create_repo(repo)
     src = tmp_path / "up"
-    src.mkdir()
-    (src / "data.bin").write_bytes(random_bytes(2 * MiB, 8))
+    repo = new_repo_and_source(hub, src, 2)
     started = time.monotonic()
     fabric(hub, "--bwlimit", "1M:off", "import", str(src), f"{repo}@main", "-m", "capped")
     assert time.monotonic() - started >= 2 - BURST_SECONDS - 0.2
