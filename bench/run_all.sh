@@ -4,8 +4,8 @@
 #   bash bench/run_all.sh                 # full size: 1.25 GiB v1/v2, 100,000-file tree, 3 rounds + 1 warm-up
 #   bash bench/run_all.sh --quick         # 1/10 data set, 5,000-file tree, 1 round, no warm-up (smoke test)
 #   bash bench/run_all.sh --runs 5        # more counted rounds
-#   bash bench/run_all.sh --only ingest   # or: --only commit|remote|spoke|checkpoint|s3|fuse|fsspec
-#                                         # (s3, fuse and fsspec, the longest, run only when named)
+#   bash bench/run_all.sh --only ingest   # or: --only commit|remote|spoke|checkpoint|s3|bwlimit|fuse|fsspec
+#                                         # (s3, bwlimit, fuse and fsspec run only when named)
 #   bash bench/run_all.sh --rev HEAD      # measure a committed revision: `git archive` of it into
 #                                         # bench/work/src/<rev>/, immune to edits of the working tree
 #   bash bench/run_all.sh --priority      # on a shared machine: run in a new session whose scheduler
@@ -40,8 +40,8 @@ while [ $# -gt 0 ]; do
     --only)
       only="$2"; shift
       case "$only" in
-        ingest|commit|remote|spoke|checkpoint|s3|fuse|fsspec) ;;
-        *) echo "run_all.sh: --only takes ingest, commit, remote, spoke, checkpoint, s3, fuse or fsspec (not '$only')" >&2; exit 2 ;;
+        ingest|commit|remote|spoke|checkpoint|s3|bwlimit|fuse|fsspec) ;;
+        *) echo "run_all.sh: --only takes ingest, commit, remote, spoke, checkpoint, s3, bwlimit, fuse or fsspec (not '$only')" >&2; exit 2 ;;
       esac ;;
     --rev) rev="$2"; shift ;;
     --priority) priority=1 ;;
@@ -154,6 +154,12 @@ if [ "$only" = s3 ]; then
   "$PYTHON" "$here/bench_s3.py" --work "$work/stores" --python "$PYTHON" --rounds "$runs" "${vargs[@]}" \
     --json-out "$out/s3.json" --md-out "$out/s3.md" >/dev/null
   { echo "## S3 GET throughput (hub and spoke vs moto)"; echo; cat "$out/s3.md"; echo; } | tee -a "$out/report.md"
+fi
+
+# --only bwlimit: how closely fabric --bwlimit holds a cap, vs rsync --bwlimit (bench_bwlimit.py)
+if [ "$only" = bwlimit ]; then
+  "$PYTHON" "$here/bench_bwlimit.py" --runs "$runs" --python "$PYTHON" | tee "$out/bwlimit.txt"
+  { echo "## Bandwidth caps (fabric --bwlimit vs rsync --bwlimit)"; echo; sed -n '/^| cap/,$p' "$out/bwlimit.txt"; echo; } | tee -a "$out/report.md"
 fi
 
 # --only fuse: reads through a fabric mount vs an rclone mount vs the local directory (bench_fuse.py)
