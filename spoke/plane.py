@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from fabric.api.peers import peer_request
 from fabric.cache.disk import DiskCache
 from fabric.cache.spoke_layout import chunk_dir
-from fabric.client.bandwidth import Bandwidth
+from fabric.client.bandwidth import Bandwidth, ThrottledTransport
 from fabric.client.breaker import BreakerTransport, CircuitBreaker
 from fabric.client.http import UPLOAD_PACK_SIZE, HttpPlane, Timeouts
 from fabric.client.transport import HttpClientTransport
@@ -60,7 +60,7 @@ from .seeds import BUDGET as SEED_COPIES_BUDGET
 from .seeds import SpokeSeeds
 from .state import SpokeState
 from .topup import top_up_ids
-from .traffic import PUSH, CountingTransport, Traffic
+from .traffic import PREFETCH, PUSH, CountingTransport, Traffic, current_purpose
 from .workload import WorkloadStore
 from .writeback import UPLOAD_HOLD, open_writeback
 
@@ -186,8 +186,10 @@ class SpokePlane(DataPlane):
         #: Shared by every call to the hub: once one times out, the others fail fast (``Unavailable``)
         #: and take the "hub is away" path, until a probe gets an answer.
         self.breaker = CircuitBreaker()
-        transport = BreakerTransport(self.breaker, CountingTransport(self.traffic, HttpClientTransport(retries=1)))
-        hub = HttpPlane(hub_url, token, hub_timeouts, transport, bandwidth=hub_bandwidth)
+        transport: httpx.BaseTransport = BreakerTransport(self.breaker, CountingTransport(self.traffic, HttpClientTransport(retries=1)))
+        if hub_bandwidth:  # prefetch gives way to the other calls within the cap
+            transport = ThrottledTransport(transport, hub_bandwidth, background=lambda: current_purpose() == PREFETCH)
+        hub = HttpPlane(hub_url, token, hub_timeouts, transport)
         # How the hub's console names this spoke (hub/watch.py, SPOKE_HEADER).
         hub.http.headers["X-Fabric-Spoke"] = advertise or socket.gethostname()
         self.upstream = MetricsPlane(hub, self.upstream_metrics, UPSTREAM_METRICS)

@@ -24,6 +24,11 @@ METADATA = "metadata"
 _purpose: contextvars.ContextVar[str] = contextvars.ContextVar("fabric_upstream_purpose", default=METADATA)
 
 
+def current_purpose() -> str:
+    """What the calls to the hub made now are for (:meth:`Traffic.purpose`)."""
+    return _purpose.get()
+
+
 class Traffic:
     def __init__(self, name: str = "upstream") -> None:
         """``name`` prefixes the keys of :meth:`snapshot`: ``upstream`` (the hub), ``peer``."""

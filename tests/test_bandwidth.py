@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from fabric.client.transfer import import_directory
 from fabric.errors import BadRequest
 from tests.fuse_helpers import mounted, needs_fuse
 from tests.hubserver import hub_env, unique_name
-from tests.spokeserver import random_bytes, start_spoke
+from tests.spokeserver import random_bytes, start_spoke, wait_for
 
 MiB = 1 << 20
 
@@ -53,6 +54,38 @@ def test_a_piece_larger_than_the_bucket_is_paid_for_by_the_next_taker_too():
     assert clock.slept == pytest.approx(10.0)
     bucket.take(100)
     assert clock.slept == pytest.approx(11.0)
+
+
+def test_a_background_taker_gives_way_to_demand_that_comes_while_it_waits():
+    """A spoke's prefetch (background) takes only once the bucket owes nothing: a demand read
+    that comes while it waits is paid for first, so the demand never waits behind it."""
+    clock = FakeClock()
+    asked: list[float] = []  # the background taker's sleeps
+    wake = threading.Semaphore(0)
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread().name == "background":
+            asked.append(round(seconds, 6))
+            wake.acquire()  # until the test moves the clock on
+        # a demand taker's own wait is not simulated: its debt stands for it
+
+    bucket = TokenBucket(100, clock, sleep)
+    bucket.take(1000)  # demand, 990 bytes owed
+    taker = threading.Thread(target=bucket.take, args=(50, True), name="background")
+    taker.start()
+    wait_for(lambda: len(asked) == 1)
+    bucket.take(500)  # more demand while the background taker waits
+    clock.now += asked[0]
+    wake.release()
+    wait_for(lambda: len(asked) == 2)
+    assert asked == [9.9, 5.0], "the background taker waits for the demand that came after it"
+    clock.now += asked[1]
+    wake.release()
+    wait_for(lambda: len(asked) == 3)  # its own 50 bytes, taken at last
+    assert asked[2] == 0.5
+    wake.release()
+    taker.join(5)
+    assert not taker.is_alive()
 
 
 @pytest.mark.parametrize(

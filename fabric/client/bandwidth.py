@@ -27,7 +27,11 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 class TokenBucket:
-    """``rate`` bytes a second; :meth:`take` waits until the bytes taken so far are due."""
+    """``rate`` bytes a second; :meth:`take` waits until the bytes taken so far are due.
+
+    Background takers (a spoke's prefetch) come after the others: one takes only while the
+    bucket owes nothing, so a demand read waits for at most one background piece, never for
+    a queue of them (issue 14: background prefetch never delays a demand read)."""
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         if rate <= 0:
@@ -40,14 +44,21 @@ class TokenBucket:
         self._last = clock()
         self._lock = threading.Lock()
 
-    def take(self, n: int) -> None:
+    def take(self, n: int, background: bool = False) -> None:
         """Count ``n`` bytes, waiting as long as they are ahead of the rate. The bucket may go
-        into debt for a piece larger than it holds: the next taker waits for that too."""
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self._burst, self._tokens + (now - self._last) * self.rate) - n
-            self._last = now
-            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+        into debt for a piece larger than it holds: the next taker waits for that too. A
+        ``background`` taker first waits until the bucket owes nothing."""
+        while True:
+            with self._lock:
+                now = self._clock()
+                self._tokens = min(self._burst, self._tokens + (now - self._last) * self.rate)
+                self._last = now
+                if not background or self._tokens >= 0:
+                    self._tokens -= n
+                    wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+                    break
+                owed = -self._tokens / self.rate
+            self._sleep(owed)  # then look again: a demand taker may have gone into debt meanwhile
         if wait > 0:
             self._sleep(wait)
 
@@ -85,22 +96,26 @@ def _rate(part: str, text: str) -> float:
 
 
 class ThrottledTransport(httpx.BaseTransport):
-    """An httpx transport that sends and receives bodies no faster than ``bandwidth``."""
+    """An httpx transport that sends and receives bodies no faster than ``bandwidth``.
+    ``background()``, asked as a request starts, tells one that gives way to the others
+    (:meth:`TokenBucket.take`)."""
 
-    def __init__(self, inner: httpx.BaseTransport, bandwidth: Bandwidth) -> None:
+    def __init__(self, inner: httpx.BaseTransport, bandwidth: Bandwidth, background: Callable[[], bool] | None = None) -> None:
         self.inner = inner
         self.bandwidth = bandwidth
+        self._background = background
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         up, down = self.bandwidth.up, self.bandwidth.down
+        background = self._background is not None and self._background()
         if up is not None:
             if isinstance(request.stream, httpx.SyncByteStream) and not isinstance(request.stream, httpx.ByteStream):
-                request.stream = _Paced(request.stream, up)
+                request.stream = _Paced(request.stream, up, background)
             else:
-                up.take(len(request.content))
+                up.take(len(request.content), background)
         response = self.inner.handle_request(request)
         if down is not None:
-            response.stream = _Paced(response.stream, down)  # type: ignore[arg-type]
+            response.stream = _Paced(response.stream, down, background)  # type: ignore[arg-type]
         return response
 
     def close(self) -> None:
@@ -108,13 +123,14 @@ class ThrottledTransport(httpx.BaseTransport):
 
 
 class _Paced(httpx.SyncByteStream):
-    def __init__(self, inner: httpx.SyncByteStream, bucket: TokenBucket) -> None:
+    def __init__(self, inner: httpx.SyncByteStream, bucket: TokenBucket, background: bool) -> None:
         self._inner = inner
         self._bucket = bucket
+        self._background = background
 
     def __iter__(self) -> Iterator[bytes]:
         for piece in self._inner:
-            self._bucket.take(len(piece))
+            self._bucket.take(len(piece), self._background)
             yield piece
 
     def close(self) -> None:
