@@ -178,6 +178,14 @@ def import_(
     is_flag=True,
     help="Remove what DEST holds that REPO@REF does not (files, links and directories, before writing; as rsync --delete). Preview with --dry-run.",
 )
+@click.option(
+    "-c",
+    "--checksum",
+    is_flag=True,
+    help="A file DEST holds with the right size but another time or mode is read and compared chunk by chunk with "
+    "REPO@REF's; if it is the same, only its time and mode are set, nothing is fetched (rsync --checksum). For a DEST "
+    "whose times were lost (a copy without -p), where the quick check would fetch every file again.",
+)
 @exclude_options("REPO@REF", "DEST (with --delete)")
 @click.option("-n", "--dry-run", is_flag=True, help="Write and remove nothing; print what would be written and (with --delete) removed.")
 @pass_ctx
@@ -189,6 +197,7 @@ def export(
     prefix: str,
     rewrite: bool,
     delete: bool,
+    checksum: bool,
     exclude: tuple[str, ...],
     exclude_from: tuple,
     delete_excluded: bool,
@@ -233,6 +242,7 @@ def export(
         dry_run=dry_run,
         excludes=excludes,
         delete_excluded=delete_excluded,
+        checksum=checksum,
     )
     for path in result.shadowed:
         click.echo(f"warning: skipped {path}: a directory of the same name shadows it (the tree has paths under {path}/)", err=True)
@@ -252,6 +262,8 @@ def export(
             line += f"; removed {len(r['deleted'])} paths not in {repo}@{ref}"
         if r["unchanged"]:
             line += f"; {r['unchanged']} unchanged ({human_size(r['unchanged_bytes'])}) not written"
+        if r["verified"]:
+            line += f" ({r['verified']} of them read and found the same: times and modes set)"
         line += f"; skipped {len(r['shadowed'])} shadowed" if r["shadowed"] else ""
         return line + (f"; skipped {len(r['skipped'])} devices (not root)" if r["skipped"] else "")
 

@@ -19,6 +19,7 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO
 
 from fabric.errors import BadRequest, Conflict
 from fabric.format.filetypes import type_bits
@@ -107,23 +108,31 @@ class DestDir:
     def read_small(self, dir_fd: int, rel: str, limit: int) -> bytes | None:
         """The content of ``rel``, whose directory is ``dir_fd``, if it is a regular file of at
         most ``limit`` bytes (a link is not followed, nor any other kind of file opened); else None."""
+        with self.open_regular(dir_fd, rel, limit) as f:
+            if f is None:
+                return None
+            data = f.read(limit + 1)
+            return data if len(data) <= limit else None
+
+    @contextlib.contextmanager
+    def open_regular(self, dir_fd: int, rel: str, limit: int | None = None) -> Iterator[BinaryIO | None]:
+        """``rel``, whose directory is ``dir_fd``, open for reading if it is a regular file (of
+        at most ``limit`` bytes); else None. A link is not followed, nor any other kind of file
+        opened."""
         name = _base_name(rel)
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-                return None
+            if not stat.S_ISREG(st.st_mode) or (limit is not None and st.st_size > limit):
+                yield None
+                return
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except OSError:
-            return None  # missing, unreadable: nothing to reuse
-        try:
+            yield None  # missing, unreadable
+            return
+        with open(fd, "rb") as f:
             again = os.fstat(fd)
-            if not stat.S_ISREG(again.st_mode) or (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
-                return None  # replaced since: a device opened by mistake is closed unread
-            with open(fd, "rb", closefd=False) as f:
-                data = f.read(limit + 1)
-            return data if len(data) <= limit else None
-        finally:
-            os.close(fd)
+            # Replaced since the stat: a device opened by mistake is closed unread.
+            yield f if stat.S_ISREG(again.st_mode) and (again.st_dev, again.st_ino) == (st.st_dev, st.st_ino) else None
 
     def write_file(self, dir_fd: int, rel: str, pieces: Iterable[bytes | int], mode: int, mtime_ns: int) -> None:
         """Write ``pieces`` to a temporary file and rename it over ``rel``, whose directory is ``dir_fd``.

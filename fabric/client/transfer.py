@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import stat as stat_mod
@@ -12,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from fabric.client.destdir import DestDir
 from fabric.client.excludes import Excludes
@@ -20,7 +21,7 @@ from fabric.client.filereader import batches, ingest_files
 from fabric.client.hardlinks import local_groups, second_names, stored_group
 from fabric.errors import BadRequest, Conflict, Corruption, FabricError, NotFound
 from fabric.format import frames
-from fabric.format.chunking import chunk_id, cut
+from fabric.format.chunking import chunk_id, cut, cut_stream
 from fabric.format.filetypes import kind_of_mode
 from fabric.format.links import names
 from fabric.format.model import BLOCKDEV, CHARDEV, DEFAULT_DIR_MODE, DIR, FILE, HOLE_ID, SPECIAL_KINDS, SYMLINK, Commit, Entry
@@ -284,6 +285,9 @@ class ExportResult:
     skipped: list[str] = field(default_factory=list)
     #: With ``delete``: the paths removed from the destination (a directory stands for all in it).
     deleted: list[str] = field(default_factory=list)
+    #: With ``checksum``: files that failed the quick check but held the entry's chunks (kept,
+    #: their mode and time set; counted in ``unchanged`` too).
+    verified: int = 0
     #: A dry run: nothing was written or removed; ``to_write`` and ``deleted`` say what would be.
     dry_run: bool = False
     to_write: list[str] = field(default_factory=list)
@@ -314,6 +318,7 @@ def export_tree(
     dry_run: bool = False,
     excludes: Excludes | None = None,
     delete_excluded: bool = False,
+    checksum: bool = False,
 ) -> ExportResult:
     """Write the files of the commit ``repo@ref`` points at (under ``prefix``) into ``dest``.
 
@@ -328,7 +333,10 @@ def export_tree(
     modification times are restored. A regular file
     already in ``dest`` with the entry's size, mode and mtime (to the
     nanosecond) is left as it is and counted in the result's ``unchanged``
-    (rsync's quick check); ``rewrite`` writes every file.
+    (rsync's quick check); ``rewrite`` writes every file. ``checksum``: a file of the
+    entry's size that fails the quick check is read and cut into chunks as the repository
+    cuts them; with the entry's chunk ids it is kept, its mode and time set, and counted in
+    ``verified`` too (rsync's ``--checksum``).
 
     ``job``: the job id the plane's reads carry (``X-Fabric-Job``, e.g.
     ``HttpPlane(job=)``). Given, the files to read are first sent to the plane
@@ -385,15 +393,21 @@ def export_tree(
             return True
         return rel in dirs if is_dir else rel in others
 
+    def same(f: BinaryIO, path: str, entry: Entry) -> bool:
+        """Whether the open local file ``f`` holds ``entry``'s chunks."""
+        chunks = plane.stat_chunks(repo, commit, path).chunks if entry.chunklist else entry.chunks
+        local_chunks = ((chunk_id(piece), len(piece)) for piece in cut_stream(f))
+        return all(a == tuple(b) for a, b in itertools.zip_longest(local_chunks, chunks, fillvalue=()))
+
     if dry_run:
-        return _export_plan(dest, by_dir, local, in_tree if delete else None, rewrite, items, result)
+        return _export_plan(dest, by_dir, local, in_tree if delete else None, rewrite, items, result, same if checksum else None)
     with DestDir(dest) as out:
         if delete:
             result.deleted = out.prune(in_tree)
         for rel in sorted(dirs):  # parents first
             out.make_dir(rel)
         if not rewrite:
-            by_dir = _drop_unchanged(out, by_dir, local, result)
+            by_dir = _drop_unchanged(out, by_dir, local, result, same=same if checksum else None)
         tasks = [(parent, batch) for parent, files in by_dir.items() for batch in batches(files, lambda it: it[1].size)]
         to_read = [p for _, batch in tasks for p, e in batch if e.kind == FILE]
         total = sum(e.size for _, batch in tasks for _, e in batch if e.kind == FILE)
@@ -452,6 +466,7 @@ def _export_plan(
     rewrite: bool,
     items: list[tuple[str, Entry]],
     result: ExportResult,
+    same: SameContent | None,
 ) -> ExportResult:
     """``result`` of a dry run: what an export would write, and remove (``in_tree`` given)."""
     result.dry_run = True
@@ -460,26 +475,44 @@ def _export_plan(
             if in_tree is not None:
                 result.deleted = out.prune(in_tree, dry_run=True)
             if not rewrite:
-                by_dir = _drop_unchanged(out, by_dir, local, result, missing_ok=True)
+                by_dir = _drop_unchanged(out, by_dir, local, result, missing_ok=True, same=same, dry_run=True)
     result.to_write = sorted(local(path) for batch in by_dir.values() for path, _ in batch)
     _count(items, result)
     return result
 
 
+#: Whether an open local file holds an entry's content: ``same(file, path, entry)``.
+SameContent = Callable[[BinaryIO, str, Entry], bool]
+
+
 def _drop_unchanged(
-    out: DestDir, by_dir: dict[str, Batch], local: Callable[[str], str], result: ExportResult, missing_ok: bool = False
+    out: DestDir,
+    by_dir: dict[str, Batch],
+    local: Callable[[str], str],
+    result: ExportResult,
+    missing_ok: bool = False,
+    same: SameContent | None = None,
+    dry_run: bool = False,
 ) -> dict[str, Batch]:
     """``by_dir`` without the files ``out`` already holds unchanged (counted in ``result``).
-    ``missing_ok``: a directory that is missing, or no directory, holds nothing unchanged."""
+    ``missing_ok``: a directory that is missing, or no directory, holds nothing unchanged.
+    ``same``: a file of the entry's size that fails the quick check is read, and kept if it
+    holds the entry's content, its mode and time then set (not in a ``dry_run``)."""
     kept: dict[str, Batch] = {}
     for parent, batch in by_dir.items():
         try:
             with out.directory(parent) as dir_fd:
                 rest = []
                 for path, entry in batch:
-                    if entry.kind == FILE and out.unchanged(dir_fd, local(path), entry.size, entry.mode, entry.mtime_ns):
+                    if entry.kind != FILE:
+                        rest.append((path, entry))
+                    elif out.unchanged(dir_fd, local(path), entry.size, entry.mode, entry.mtime_ns):
                         result.unchanged += 1
                         result.unchanged_bytes += entry.size
+                    elif same is not None and _verified(out, dir_fd, local(path), path, entry, same, dry_run):
+                        result.unchanged += 1
+                        result.unchanged_bytes += entry.size
+                        result.verified += 1
                     else:
                         rest.append((path, entry))
         except (FileNotFoundError, Conflict):
@@ -489,6 +522,18 @@ def _drop_unchanged(
         if rest:
             kept[parent] = rest
     return kept
+
+
+def _verified(out: DestDir, dir_fd: int, rel: str, path: str, entry: Entry, same: SameContent, dry_run: bool) -> bool:
+    """Whether ``rel`` is a regular file of ``entry``'s size holding its content; its mode and
+    time are then set to the entry's, through the open file (unless ``dry_run``)."""
+    with out.open_regular(dir_fd, rel) as f:
+        if f is None or os.fstat(f.fileno()).st_size != entry.size or not same(f, path, entry):
+            return False
+        if not dry_run:
+            os.fchmod(f.fileno(), entry.mode)
+            os.utime(f.fileno(), ns=(entry.mtime_ns, entry.mtime_ns))
+    return True
 
 
 def _announce(plane: DataPlane, repo: str, commit: str, paths: list[str], job: str) -> None:
