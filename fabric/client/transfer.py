@@ -481,6 +481,8 @@ def _export_plan(
     return result
 
 
+#: Threads reading and cutting local files for ``checksum``.
+CHECKSUM_WORKERS = 4
 #: Whether an open local file holds an entry's content: ``same(file, path, entry)``.
 SameContent = Callable[[BinaryIO, str, Entry], bool]
 
@@ -499,28 +501,32 @@ def _drop_unchanged(
     ``same``: a file of the entry's size that fails the quick check is read, and kept if it
     holds the entry's content, its mode and time then set (not in a ``dry_run``)."""
     kept: dict[str, Batch] = {}
-    for parent, batch in by_dir.items():
-        try:
-            with out.directory(parent) as dir_fd:
-                rest = []
-                for path, entry in batch:
-                    if entry.kind != FILE:
-                        rest.append((path, entry))
-                    elif out.unchanged(dir_fd, local(path), entry.size, entry.mode, entry.mtime_ns):
-                        result.unchanged += 1
-                        result.unchanged_bytes += entry.size
-                    elif same is not None and _verified(out, dir_fd, local(path), path, entry, same, dry_run):
-                        result.unchanged += 1
-                        result.unchanged_bytes += entry.size
-                        result.verified += 1
-                    else:
-                        rest.append((path, entry))
-        except (FileNotFoundError, Conflict):
-            if not missing_ok:
-                raise
-            rest = batch
-        if rest:
-            kept[parent] = rest
+    with ThreadPoolExecutor(CHECKSUM_WORKERS) as pool:
+        for parent, batch in by_dir.items():
+            try:
+                with out.directory(parent) as dir_fd:
+                    stale = [
+                        (path, entry)
+                        for path, entry in batch
+                        if entry.kind == FILE and not out.unchanged(dir_fd, local(path), entry.size, entry.mode, entry.mtime_ns)
+                    ]
+                    if same is not None:  # read and cut in threads: chunking and BLAKE3 let go of the GIL
+                        checks = pool.map(lambda it: _verified(out, dir_fd, local(it[0]), it[0], it[1], same, dry_run), stale)
+                        verified = {path for (path, _), same_bytes in zip(stale, list(checks), strict=True) if same_bytes}
+                        result.verified += len(verified)
+                        stale = [it for it in stale if it[0] not in verified]
+                    written = {path for path, _ in stale}
+                    rest = [(path, entry) for path, entry in batch if entry.kind != FILE or path in written]
+                    for path, entry in batch:
+                        if entry.kind == FILE and path not in written:
+                            result.unchanged += 1
+                            result.unchanged_bytes += entry.size
+            except (FileNotFoundError, Conflict):
+                if not missing_ok:
+                    raise
+                rest = batch
+            if rest:
+                kept[parent] = rest
     return kept
 
 
