@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from fabric.client.transfer import export_tree, import_directory
+from fabric.util.progress import Progress
 from tests.helpers.fstree import write_file
 
 MTIME = 1_700_000_000_000_000_000
@@ -76,3 +78,31 @@ def test_a_link_in_dest_is_never_read_through(cli, tmp_path):
     assert r["verified"] == 0
     assert not os.path.islink(dest / "dir" / "mid.bin") and (dest / "dir" / "mid.bin").read_bytes() == FILES["dir/mid.bin"]
     assert os.stat(outside).st_mtime_ns != MTIME, "the link's target was not touched"
+
+
+class Recorded(Progress):
+    def __init__(self) -> None:
+        self.started: list[tuple] = []
+        self.advanced = 0
+
+    def start(self, total, unit="B", desc=""):  # noqa: ANN001, ANN201 - Progress's signature
+        self.started.append((total, unit, desc))
+
+    def advance(self, n=1):  # noqa: ANN001, ANN201
+        self.advanced += n
+
+
+def test_the_files_read_are_shown_as_progress(sqlite_engine, tmp_path):
+    src = tmp_path / "src"
+    for path, data in FILES.items():
+        write_file(str(src / path), data, 0o644, MTIME)
+    sqlite_engine.create_repo("progress")
+    import_directory(sqlite_engine, str(src), "progress", "main", "v1")
+    dest = tmp_path / "dest"
+    export_tree(sqlite_engine, "progress", "main", str(dest))
+    os.utime(dest / "big.bin")
+    seen = Recorded()
+    result = export_tree(sqlite_engine, "progress", "main", str(dest), checksum=True, progress=seen)
+    assert result.verified == 1
+    assert (None, "B", "checking files by content") in seen.started
+    assert seen.advanced >= len(FILES["big.bin"])

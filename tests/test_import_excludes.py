@@ -143,7 +143,7 @@ def test_a_dry_run_lists_what_would_change_and_changes_nothing(cli, tmp_path):
     os.unlink(src / "gone.txt")
     packs = sorted(os.listdir(os.path.join(cli.data, "store")))
 
-    r = cli("import", str(src), "dryrun@main", "-m", "v2", "-n")
+    r = cli("import", str(src), "dryrun@main", "-n")  # a dry run needs no message
     assert r.stdout.splitlines() == ["add new.bin", "change edit.txt", "remove gone.txt"]
     assert "would add 1, change 1, remove 1" in r.stderr and "nothing was changed" in r.stderr
     plan = cli("--json", "import", str(src), "dryrun@main", "-m", "v2", "--dry-run").json()
@@ -170,13 +170,22 @@ def test_a_dry_run_lists_what_would_change_and_changes_nothing(cli, tmp_path):
     ],
 )
 def test_bad_exclude_options_are_refused_and_change_nothing(cli, tmp_path, args, message):
+    refused(cli, tmp_path, ["-m", "v2", *args], message)
+
+
+def test_an_import_that_is_no_dry_run_needs_a_message(cli, tmp_path):
+    refused(cli, tmp_path, [], "commit message")
+
+
+def refused(cli, tmp_path, args: list[str], message: str) -> None:
+    """``fabric import ARGS`` exits 2 with ``message`` and leaves the branch as it was."""
     src = tmp_path / "src"
     make_tree(src, {"a.txt": b"a\n", "b.tmp": b"b\n"})
     cli("repo", "create", "badopts")
     cli("import", str(src), "badopts@main", "-m", "v1")
     before = head(cli, "badopts")
     write_file(str(src / "c.txt"), b"c\n", 0o644, MTIME)
-    r = cli("import", str(src), "badopts@main", "-m", "v2", *args, check=False)
+    r = cli("import", str(src), "badopts@main", *args, check=False)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
     assert head(cli, "badopts") == before

@@ -74,7 +74,7 @@ def read_excludes(exclude: tuple[str, ...], exclude_from: tuple, delete_excluded
 @click.command("import")
 @click.argument("src", type=click.Path(file_okay=False))
 @click.argument("target", metavar="REPO@BRANCH")
-@click.option("-m", "--message", required=True, help="Commit message.")
+@click.option("-m", "--message", help="Commit message (required, except with --dry-run).")
 @click.option("--prefix", default="", help="Import under this path of the repository.")
 @click.option("--no-delete", is_flag=True, help="Only add and update; keep paths missing from SRC.")
 @click.option("--rehash", is_flag=True, help="Read every file even if its size and mtime are unchanged.")
@@ -89,7 +89,7 @@ def import_(
     ctx: Ctx,
     src: str,
     target: str,
-    message: str,
+    message: str | None,
     prefix: str,
     no_delete: bool,
     rehash: bool,
@@ -112,6 +112,8 @@ def import_(
     from fabric.client.transfer import import_directory
     from fabric.util.heap import map_big_buffers
 
+    if not message and not dry_run:
+        raise click.UsageError("give a commit message: -m/--message TEXT")
     repo, branch = repo_branch(target)
     excludes = read_excludes(exclude, exclude_from, delete_excluded, not no_delete, "--no-delete keeps them: give one of them")
     # An import makes a few objects per file and keeps most of them to the end (the walk,
@@ -126,7 +128,7 @@ def import_(
             src,
             repo,
             branch,
-            message,
+            message or "",
             prefix=prefix,
             delete=not no_delete,
             rehash=rehash,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -400,14 +401,16 @@ def export_tree(
         return all(a == tuple(b) for a, b in itertools.zip_longest(local_chunks, chunks, fillvalue=()))
 
     if dry_run:
-        return _export_plan(dest, by_dir, local, in_tree if delete else None, rewrite, items, result, same if checksum else None)
+        plan = _export_plan(dest, by_dir, local, in_tree if delete else None, rewrite, items, result, same if checksum else None, progress)
+        progress.close()
+        return plan
     with DestDir(dest) as out:
         if delete:
             result.deleted = out.prune(in_tree)
         for rel in sorted(dirs):  # parents first
             out.make_dir(rel)
         if not rewrite:
-            by_dir = _drop_unchanged(out, by_dir, local, result, same=same if checksum else None)
+            by_dir = _drop_unchanged(out, by_dir, local, result, same=same if checksum else None, progress=progress)
         tasks = [(parent, batch) for parent, files in by_dir.items() for batch in batches(files, lambda it: it[1].size)]
         to_read = [p for _, batch in tasks for p, e in batch if e.kind == FILE]
         total = sum(e.size for _, batch in tasks for _, e in batch if e.kind == FILE)
@@ -467,6 +470,7 @@ def _export_plan(
     items: list[tuple[str, Entry]],
     result: ExportResult,
     same: SameContent | None,
+    progress: Progress,
 ) -> ExportResult:
     """``result`` of a dry run: what an export would write, and remove (``in_tree`` given)."""
     result.dry_run = True
@@ -475,7 +479,7 @@ def _export_plan(
             if in_tree is not None:
                 result.deleted = out.prune(in_tree, dry_run=True)
             if not rewrite:
-                by_dir = _drop_unchanged(out, by_dir, local, result, missing_ok=True, same=same, dry_run=True)
+                by_dir = _drop_unchanged(out, by_dir, local, result, missing_ok=True, same=same, dry_run=True, progress=progress)
     result.to_write = sorted(local(path) for batch in by_dir.values() for path, _ in batch)
     _count(items, result)
     return result
@@ -495,12 +499,25 @@ def _drop_unchanged(
     missing_ok: bool = False,
     same: SameContent | None = None,
     dry_run: bool = False,
+    progress: Progress | None = None,
 ) -> dict[str, Batch]:
     """``by_dir`` without the files ``out`` already holds unchanged (counted in ``result``).
     ``missing_ok``: a directory that is missing, or no directory, holds nothing unchanged.
     ``same``: a file of the entry's size that fails the quick check is read, and kept if it
-    holds the entry's content, its mode and time then set (not in a ``dry_run``)."""
+    holds the entry's content, its mode and time then set (not in a ``dry_run``); the bytes
+    read go to ``progress``."""
     kept: dict[str, Batch] = {}
+    progress = progress or Progress()
+
+    def verify(dir_fd: int, item: tuple[str, Entry]) -> bool:
+        path, entry = item
+        try:
+            return _verified(out, dir_fd, local(path), path, entry, same, dry_run)  # type: ignore[arg-type]
+        finally:
+            progress.advance(entry.size)
+
+    if same is not None:
+        progress.start(None, "B", "checking files by content")
     with ThreadPoolExecutor(CHECKSUM_WORKERS) as pool:
         for parent, batch in by_dir.items():
             try:
@@ -511,7 +528,7 @@ def _drop_unchanged(
                         if entry.kind == FILE and not out.unchanged(dir_fd, local(path), entry.size, entry.mode, entry.mtime_ns)
                     ]
                     if same is not None:  # read and cut in threads: chunking and BLAKE3 let go of the GIL
-                        checks = pool.map(lambda it: _verified(out, dir_fd, local(it[0]), it[0], it[1], same, dry_run), stale)
+                        checks = pool.map(functools.partial(verify, dir_fd), stale)
                         verified = {path for (path, _), same_bytes in zip(stale, list(checks), strict=True) if same_bytes}
                         result.verified += len(verified)
                         stale = [it for it in stale if it[0] not in verified]
