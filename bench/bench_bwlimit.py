@@ -32,12 +32,14 @@ sys.path.insert(0, HERE)
 from _common import fabric_env, remove, run, spread  # noqa: E402
 from bench_remote import Hub, RsyncDaemon  # noqa: E402
 
+from fabric.util.sizes import parse_size  # noqa: E402
+
 MiB = 1 << 20
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
-def cap_bytes(text: str) -> int:
-    return int(float(text[:-1]) * UNITS[text[-1].upper()]) if text[-1].upper() in UNITS else int(text)
+def upload_repo(r: int, cap_text: str) -> str:
+    """The repository round ``r`` imports into under the cap ``cap_text``."""
+    return f"up-{r}-{cap_text.lower().replace('.', '-')}"
 
 
 def make_data(root: str, files: int, mib: int) -> int:
@@ -57,10 +59,10 @@ def timed(cmd: list[str], env: dict | None = None) -> float:
 def one_round(a: argparse.Namespace, work: str, data: str, size: int, hub: Hub, daemon: RsyncDaemon, r: int) -> list[dict]:
     out = []
     for cap_text in a.caps:
-        cap = cap_bytes(cap_text)
+        cap = parse_size(cap_text)
         cap_kib = str(cap // 1024)
         dst = os.path.join(work, f"out-{r}-{cap_text}")
-        up = timed(hub.cli("--bwlimit", f"{cap_text}:off", "import", data, f"up-{r}-{cap_text.lower().replace('.', '-')}@main", "-m", "up"), fabric_env())
+        up = timed(hub.cli("--bwlimit", f"{cap_text}:off", "import", data, f"{upload_repo(r, cap_text)}@main", "-m", "up"), fabric_env())
         down = timed(hub.cli("--bwlimit", f"off:{cap_text}", "export", "bench@main", dst + "-fabric"), fabric_env())
         rs_up = timed(["rsync", "-a", f"--bwlimit={cap_kib}", data + "/", f"rsync://127.0.0.1:{daemon.port}/dst/{r}-{cap_text}/"])
         rs_down = timed(["rsync", "-a", f"--bwlimit={cap_kib}", f"rsync://127.0.0.1:{daemon.port}/src/", dst + "-rsync/"])
@@ -94,7 +96,7 @@ def main() -> int:
             run(hub.cli("import", data, "bench@main", "-m", "data"), env=fabric_env())  # untimed
             for r in range(a.runs):
                 for cap_text in a.caps:
-                    run(hub.cli("repo", "create", f"up-{r}-{cap_text.lower().replace('.', '-')}"), env=fabric_env())
+                    run(hub.cli("repo", "create", upload_repo(r, cap_text)), env=fabric_env())
             rows = [row for r in range(a.runs) for row in one_round(a, work, data, size, hub, daemon, r)]
         finally:
             hub.stop()

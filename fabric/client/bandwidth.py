@@ -11,7 +11,6 @@ the server wait (TCP's own back-pressure), so nothing piles up in memory.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,10 +19,10 @@ from dataclasses import dataclass
 import httpx
 
 from fabric.errors import BadRequest
+from fabric.util.sizes import parse_size
 
 #: What the bucket may hold, in seconds of its rate: a burst after a pause is this long.
 BURST_SECONDS = 0.1
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 class TokenBucket:
@@ -85,14 +84,19 @@ def parse_bwlimit(text: str) -> Bandwidth:
     return Bandwidth(TokenBucket(up) if up else None, TokenBucket(down) if down else None)
 
 
-def _rate(part: str, text: str) -> float:
+def _rate(part: str, text: str) -> int:
+    """Bytes a second of one side of ``--bwlimit`` (a size, :func:`parse_size`, with an optional
+    ``/s``); 0 for ``off``."""
     part = part.strip()
     if part.lower() == "off":
-        return 0.0
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B?)?(?:/s)?", part, re.IGNORECASE)
-    if m is None or float(m.group(1)) <= 0:
+        return 0
+    try:
+        rate = parse_size(part.removesuffix("/s"))
+    except BadRequest:
+        rate = 0
+    if rate <= 0:
         raise BadRequest(f"--bwlimit {text!r}: a rate is a number of bytes a second above 0, with K, M or G (e.g. 50M), or 'off'")
-    return float(m.group(1)) * _UNITS[m.group(2).upper()]
+    return rate
 
 
 class ThrottledTransport(httpx.BaseTransport):

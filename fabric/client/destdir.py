@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
@@ -250,39 +251,14 @@ class DestDir:
             removed.append(path)
             if dry_run:
                 continue
-            if is_dir:
-                _remove_tree(dir_fd, name)
-            else:
-                with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError):  # (gone meanwhile)
+                if is_dir:  # through descriptors, never following a link (shutil.rmtree.avoids_symlink_attacks)
+                    shutil.rmtree(name, dir_fd=dir_fd)
+                else:
                     os.unlink(name, dir_fd=dir_fd)
 
     def _show(self, rel: str) -> str:
         return os.path.join(self.root, rel)
-
-
-def _remove_tree(parent_fd: int, name: str) -> None:
-    """Remove directory ``name`` of ``parent_fd`` and everything in it, never following a link."""
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        if exc.errno not in _NOT_A_DIR:
-            raise
-        os.unlink(name, dir_fd=parent_fd)  # replaced by a file or a link meanwhile: that goes
-        return
-    try:
-        with os.scandir(fd) as entries:
-            listed = [(de.name, de.is_dir(follow_symlinks=False)) for de in entries]
-        for child, is_dir in listed:
-            if is_dir:
-                _remove_tree(fd, child)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(child, dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
 
 
 def _base_name(rel: str) -> str:

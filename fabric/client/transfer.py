@@ -528,16 +528,17 @@ def _drop_unchanged(
                         if entry.kind == FILE and not out.unchanged(dir_fd, local(path), entry.size, entry.mode, entry.mtime_ns)
                     ]
                     if same is not None:  # read and cut in threads: chunking and BLAKE3 let go of the GIL
-                        checks = pool.map(functools.partial(verify, dir_fd), stale)
-                        verified = {path for (path, _), same_bytes in zip(stale, list(checks), strict=True) if same_bytes}
-                        result.verified += len(verified)
-                        stale = [it for it in stale if it[0] not in verified]
+                        checks = list(pool.map(functools.partial(verify, dir_fd), stale))
+                        result.verified += sum(checks)
+                        stale = [it for it, same_bytes in zip(stale, checks, strict=True) if not same_bytes]
                     written = {path for path, _ in stale}
-                    rest = [(path, entry) for path, entry in batch if entry.kind != FILE or path in written]
+                    rest = []
                     for path, entry in batch:
                         if entry.kind == FILE and path not in written:
                             result.unchanged += 1
                             result.unchanged_bytes += entry.size
+                        else:
+                            rest.append((path, entry))
             except (FileNotFoundError, Conflict):
                 if not missing_ok:
                     raise
