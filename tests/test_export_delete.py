@@ -132,6 +132,19 @@ def test_excluded_paths_are_neither_written_nor_removed(cli, tmp_path):
     assert listing(dest) == V2
 
 
+def test_includes_choose_what_is_written_and_what_delete_may_remove(cli, tmp_path):
+    versions(cli, tmp_path)
+    dest = tmp_path / "dest"
+    write_file(str(dest / "mine.log"), b"local\n")
+    rules = ["--include", "*/", "--include", "*.txt", "--exclude", "*"]
+    r = cli("--json", "export", "mirror@main", str(dest), "--delete", *rules).json()
+    # was-dir is a file in v2 with no .txt name: left out, and mine.log is kept as excluded.
+    assert listing(dest) == {"keep.txt": "keep\n", "new-name.txt": "moved\n", "edit.txt": "v2, longer\n", "mine.log": "local\n"}
+    assert r["deleted"] == []
+    cli("export", "mirror@main", str(dest), "--delete", "--exclude", "*", *rules, "--delete-excluded")
+    assert listing(dest) == {}  # the exclude comes first: everything is left out, and removed
+
+
 def test_delete_excluded_without_delete_is_refused(cli, tmp_path):
     versions(cli, tmp_path)
     r = cli("export", "mirror@main", str(tmp_path / "dest"), "--exclude", "*.tmp", "--delete-excluded", check=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,7 +13,7 @@ from fabric.cli.context import Ctx, handle_errors, human_size, pass_ctx
 from fabric.errors import BadRequest
 
 if TYPE_CHECKING:
-    from fabric.client.excludes import Excludes
+    from fabric.client.filters import Filters
     from fabric.plane.dataplane import DataPlane
 
 
@@ -26,8 +26,30 @@ def repo_branch(spec: str) -> tuple[str, str]:
     return repo, branch
 
 
-def exclude_options(source: str, target: str) -> Callable[[Callable], Callable]:
-    """``--exclude``, ``--exclude-from`` and ``--delete-excluded`` of a command copying ``source`` to ``target``."""
+class OrderedOptions(click.Command):
+    """A command that keeps the order in which its options were given (``ctx.meta[OPTION_ORDER]``,
+    one name per use): ``--include`` and ``--exclude`` apply in that order, as rsync's do."""
+
+    def make_parser(self, ctx: click.Context) -> Any:  # click's parser class is private
+        parser = super().make_parser(ctx)
+        parse = parser.parse_args
+
+        def parse_in_order(args: list[str]) -> tuple[dict[str, Any], list[str], list[click.Parameter]]:
+            opts, rest, order = parse(args)
+            ctx.meta[OPTION_ORDER] = [param.name for param in order]
+            return opts, rest, order
+
+        parser.parse_args = parse_in_order
+        return parser
+
+
+OPTION_ORDER = "fabric.option_order"
+_RULE_OPTIONS = {"include": "include", "include_from": "include", "exclude": "exclude", "exclude_from": "exclude"}
+
+
+def filter_options(source: str, target: str) -> Callable[[Callable], Callable]:
+    """``--include``, ``--exclude``, their ``-from`` files and ``--delete-excluded`` of a command
+    copying ``source`` to ``target`` (made with ``cls=OrderedOptions``)."""
 
     def apply(command: Callable) -> Callable:
         for option in reversed(
@@ -42,6 +64,15 @@ def exclude_options(source: str, target: str) -> Callable[[Callable], Callable]:
                     f"run of directories. Excluded paths already in {target} are kept (see --delete-excluded).",
                 ),
                 click.option(
+                    "--include",
+                    "include",
+                    multiple=True,
+                    metavar="PATTERN",
+                    help="Keep paths matching PATTERN (repeatable). --include and --exclude apply in the order given and the "
+                    "first that matches a path decides, as rsync's: --include '*/' --include '*.csv' --exclude '*' keeps the "
+                    "CSV files at any depth and nothing else. A directory left out is not entered.",
+                ),
+                click.option(
                     "--exclude-from",
                     "exclude_from",
                     type=click.File("r", encoding="utf-8"),
@@ -49,7 +80,15 @@ def exclude_options(source: str, target: str) -> Callable[[Callable], Callable]:
                     metavar="FILE",
                     help="Read --exclude patterns from FILE, one a line (blank lines and '#' comments skipped).",
                 ),
-                click.option("--delete-excluded", is_flag=True, help=f"Also remove from {target} what --exclude leaves out."),
+                click.option(
+                    "--include-from",
+                    "include_from",
+                    type=click.File("r", encoding="utf-8"),
+                    multiple=True,
+                    metavar="FILE",
+                    help="Read --include patterns from FILE, as --exclude-from.",
+                ),
+                click.option("--delete-excluded", is_flag=True, help=f"Also remove from {target} what the rules leave out."),
             ]
         ):
             command = option(command)
@@ -58,20 +97,30 @@ def exclude_options(source: str, target: str) -> Callable[[Callable], Callable]:
     return apply
 
 
-def read_excludes(exclude: tuple[str, ...], exclude_from: tuple, delete_excluded: bool, deletes: bool, no_delete_flag: str) -> Excludes:
-    """The patterns of ``--exclude`` and ``--exclude-from``; usage errors for ``--delete-excluded``
-    without patterns or where nothing is deleted (``deletes`` False: ``no_delete_flag`` given or implied)."""
-    from fabric.client.excludes import Excludes, read_patterns
+def read_filters(ctx: click.Context, delete_excluded: bool, deletes: bool, no_delete_flag: str) -> Filters:
+    """The rules of ``--include``/``--exclude`` and their ``-from`` files, in the order given;
+    usage errors for ``--delete-excluded`` without rules or where nothing is deleted
+    (``deletes`` False: ``no_delete_flag`` given or implied)."""
+    from fabric.client.filters import Filters, read_patterns
 
     if delete_excluded and not deletes:
         raise click.UsageError(f"--delete-excluded removes paths, {no_delete_flag}")
-    patterns = [*exclude, *(p for f in exclude_from for p in read_patterns(f.read()))]
-    if delete_excluded and not patterns:
-        raise click.UsageError("--delete-excluded needs --exclude or --exclude-from")
-    return Excludes(patterns)
+    given = {name: list(ctx.params[name]) for name in _RULE_OPTIONS}
+    rules: list[tuple[str, str]] = []
+    for name in ctx.meta.get(OPTION_ORDER, []):
+        if name in _RULE_OPTIONS:
+            value = given[name].pop(0)
+            patterns = read_patterns(value.read()) if name.endswith("_from") else [value]
+            rules.extend((_RULE_OPTIONS[name], p) for p in patterns)
+    filters = Filters(rules)
+    if delete_excluded and filters.leaves_out_nothing:
+        raise click.UsageError("--delete-excluded needs an --exclude or --exclude-from rule")
+    if filters and filters.leaves_out_nothing:
+        click.echo("warning: no --exclude rule follows --include, so nothing is left out (add --exclude '*' to leave out the rest)", err=True)
+    return filters
 
 
-@click.command("import")
+@click.command("import", cls=OrderedOptions)
 @click.argument("src", type=click.Path(file_okay=False))
 @click.argument("target", metavar="REPO@BRANCH")
 @click.option("-m", "--message", help="Commit message (required, except with --dry-run).")
@@ -79,7 +128,7 @@ def read_excludes(exclude: tuple[str, ...], exclude_from: tuple, delete_excluded
 @click.option("--no-delete", is_flag=True, help="Only add and update; keep paths missing from SRC.")
 @click.option("--rehash", is_flag=True, help="Read every file even if its size and mtime are unchanged.")
 @click.option("--author", help="Commit author (default: $FABRIC_AUTHOR or your user name).")
-@exclude_options("SRC", "the branch")
+@filter_options("SRC", "the branch")
 @click.option(
     "-n", "--dry-run", is_flag=True, help="Read, store and commit nothing; print what would be added, changed and removed (one path a line, then a summary)."
 )
@@ -95,7 +144,9 @@ def import_(
     rehash: bool,
     author: str | None,
     exclude: tuple[str, ...],
+    include: tuple[str, ...],
     exclude_from: tuple,
+    include_from: tuple,
     delete_excluded: bool,
     dry_run: bool,
 ) -> None:
@@ -108,6 +159,7 @@ def import_(
     Examples:
       fabric import ./imagenet datasets@main -m "v2" --exclude .git --exclude '*.tmp'
       fabric import ./imagenet datasets@main -m "v2" --dry-run
+      fabric import ./lake datasets@main -m "parquet only" --include '*/' --include '*.parquet' --exclude '*'
     """
     from fabric.client.transfer import import_directory
     from fabric.util.heap import map_big_buffers
@@ -115,7 +167,7 @@ def import_(
     if not message and not dry_run:
         raise click.UsageError("give a commit message: -m/--message TEXT")
     repo, branch = repo_branch(target)
-    excludes = read_excludes(exclude, exclude_from, delete_excluded, not no_delete, "--no-delete keeps them: give one of them")
+    filters = read_filters(click.get_current_context(), delete_excluded, not no_delete, "--no-delete keeps them: give one of them")
     # An import makes a few objects per file and keeps most of them to the end (the walk,
     # the entries): the cyclic collector would go over all of them again and again and
     # find nothing to free (a quarter of the CPU time of 100,000 small files). This
@@ -134,7 +186,7 @@ def import_(
             rehash=rehash,
             author=author,
             progress=ctx.progress(),
-            excludes=excludes,
+            filters=filters,
             delete_excluded=delete_excluded,
             dry_run=dry_run,
         )
@@ -166,7 +218,7 @@ def import_(
     ctx.emit(result.describe(), planned if dry_run else human)
 
 
-@click.command("export")
+@click.command("export", cls=OrderedOptions)
 @click.argument("source", metavar="REPO@REF")
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.option("--prefix", default="", help="Export only this path of the repository (as DEST's root).")
@@ -188,7 +240,7 @@ def import_(
     "REPO@REF's; if it is the same, only its time and mode are set, nothing is fetched (rsync --checksum). For a DEST "
     "whose times were lost (a copy without -p), where the quick check would fetch every file again.",
 )
-@exclude_options("REPO@REF", "DEST (with --delete)")
+@filter_options("REPO@REF", "DEST (with --delete)")
 @click.option("-n", "--dry-run", is_flag=True, help="Write and remove nothing; print what would be written and (with --delete) removed.")
 @pass_ctx
 @handle_errors
@@ -201,7 +253,9 @@ def export(
     delete: bool,
     checksum: bool,
     exclude: tuple[str, ...],
+    include: tuple[str, ...],
     exclude_from: tuple,
+    include_from: tuple,
     delete_excluded: bool,
     dry_run: bool,
 ) -> None:
@@ -227,7 +281,7 @@ def export(
     from fabric.engine.refs import split_repo_ref
 
     repo, ref = split_repo_ref(source, None)
-    excludes = read_excludes(exclude, exclude_from, delete_excluded, delete, "and only --delete removes any: add --delete")
+    filters = read_filters(click.get_current_context(), delete_excluded, delete, "and only --delete removes any: add --delete")
     plane, job = _export_plane(ctx)
     if ref is None:
         ref = plane.get_repo(repo)["default_branch"]
@@ -242,7 +296,7 @@ def export(
         job=job,
         delete=delete,
         dry_run=dry_run,
-        excludes=excludes,
+        filters=filters,
         delete_excluded=delete_excluded,
         checksum=checksum,
     )

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, NamedTuple
 
 from fabric.client.destdir import DestDir
-from fabric.client.excludes import Excludes
 from fabric.client.filereader import batches, ingest_files
+from fabric.client.filters import Filters
 from fabric.client.hardlinks import local_groups, second_names, stored_group
 from fabric.errors import BadRequest, Conflict, Corruption, FabricError, NotFound
 from fabric.format import frames
@@ -88,10 +88,10 @@ def normalize_prefix(prefix: str) -> str:
 
 
 def walk(
-    root: str, prefix: str = "", skipped: list[str] | None = None, excludes: Excludes | None = None, excluded: list[str] | None = None
+    root: str, prefix: str = "", skipped: list[str] | None = None, filters: Filters | None = None, excluded: list[str] | None = None
 ) -> Iterator[LocalItem]:
     """Files, symlinks, and the directories that need an entry of their own (unordered):
-    empty ones, and those whose mode is not :data:`DEFAULT_DIR_MODE`. What ``excludes``
+    empty ones, and those whose mode is not :data:`DEFAULT_DIR_MODE`. What ``filters``
     leaves out is not entered nor yielded; its paths go to ``excluded``."""
     stack = [(root, prefix)]
     while stack:
@@ -100,8 +100,8 @@ def walk(
             entries = list(os.scandir(dir_abs))
         except PermissionError as exc:
             raise BadRequest(f"cannot read directory {dir_abs!r}: {exc.strerror}") from exc
-        if excludes:
-            entries = _kept(entries, dir_rel[len(prefix) :], excludes, excluded)
+        if filters:
+            entries = _kept(entries, dir_rel[len(prefix) :], filters, excluded)
         if dir_rel and dir_rel != prefix:
             st = os.lstat(dir_abs)
             mode = stat_mod.S_IMODE(st.st_mode)
@@ -130,12 +130,12 @@ def walk(
                 skipped.append(rel)
 
 
-def _kept(entries: list[os.DirEntry], dir_rel: str, excludes: Excludes, excluded: list[str] | None) -> list[os.DirEntry]:
-    """The ``entries`` of the directory ``dir_rel`` (relative to the walk's root) no pattern excludes."""
+def _kept(entries: list[os.DirEntry], dir_rel: str, filters: Filters, excluded: list[str] | None) -> list[os.DirEntry]:
+    """The ``entries`` of the directory ``dir_rel`` (relative to the walk's root) no rule leaves out."""
     kept = []
     for de in entries:
         rel = dir_rel + de.name
-        if excludes.excluded(rel, de.is_dir(follow_symlinks=False)):
+        if filters.excluded(rel, de.is_dir(follow_symlinks=False)):
             if excluded is not None:
                 excluded.append(rel)
         else:
@@ -170,7 +170,7 @@ def import_directory(
     rehash: bool = False,
     author: str | None = None,
     progress: Progress | None = None,
-    excludes: Excludes | None = None,
+    filters: Filters | None = None,
     delete_excluded: bool = False,
     dry_run: bool = False,
 ) -> ImportResult:
@@ -178,7 +178,7 @@ def import_directory(
 
     Files whose size, mode and mtime match the branch's entry are not read
     again (``rehash`` reads everything). With ``delete=False`` paths missing
-    from ``src`` are kept. What ``excludes`` leaves out of ``src`` is not imported, and
+    from ``src`` are kept. What ``filters`` leaves out of ``src`` is not imported, and
     kept on the branch unless ``delete_excluded`` (as rsync's ``--exclude`` and
     ``--delete-excluded``). ``dry_run``: read, store and commit nothing; the result's
     ``plan`` lists what would change. Returns a result with ``commit=None`` when nothing
@@ -190,7 +190,7 @@ def import_directory(
     prefix = normalize_prefix(prefix)
     head = plane.resolve_commit(repo, branch)
     result = ImportResult(None, dry_run=dry_run)
-    local = {item.path: item for item in walk(os.path.abspath(src), prefix, result.skipped, excludes, result.excluded)}
+    local = {item.path: item for item in walk(os.path.abspath(src), prefix, result.skipped, filters, result.excluded)}
     for path in local:
         check_path(path)
     result.files = len(local)
@@ -216,7 +216,7 @@ def import_directory(
             changes[path] = Entry(DIR, 0, item.mode, item.mtime_ns)
     if delete:
         for path in existing.keys() - local.keys():
-            if excludes and not delete_excluded and excludes.covers(path[len(prefix) :], existing[path].kind == DIR):
+            if filters and not delete_excluded and filters.covers(path[len(prefix) :], existing[path].kind == DIR):
                 continue  # left out of the import, so neither sent nor removed
             changes[path] = None
     if dry_run:
@@ -317,7 +317,7 @@ def export_tree(
     job: str | None = None,
     delete: bool = False,
     dry_run: bool = False,
-    excludes: Excludes | None = None,
+    filters: Filters | None = None,
     delete_excluded: bool = False,
     checksum: bool = False,
 ) -> ExportResult:
@@ -328,7 +328,7 @@ def export_tree(
     left alone, unless ``delete``: then everything in ``dest`` the tree does not hold is
     removed first (as ``rsync --delete``), a directory where the tree has a file included,
     and the result lists it in ``deleted``. ``dry_run``: nothing is written or removed;
-    the result lists what would be (``to_write``, ``deleted``). What ``excludes`` matches
+    the result lists what would be (``to_write``, ``deleted``). What ``filters`` leaves out
     (paths relative to ``prefix``) is not written, and with ``delete`` not removed from
     ``dest`` either unless ``delete_excluded`` (as rsync's ``--exclude``). Modes and
     modification times are restored. A regular file
@@ -374,8 +374,8 @@ def export_tree(
             raise Corruption(f"the listing of {prefix!r} in {repo}@{ref} holds {path!r}")
         return check_path(path[len(prefix) :])
 
-    if excludes:
-        items = [(p, e) for p, e in items if not excludes.covers(local(p), e.kind == DIR)]
+    if filters:
+        items = [(p, e) for p, e in items if not filters.covers(local(p), e.kind == DIR)]
 
     dirs = {local(p) for p, e in items if e.kind == DIR}
     linked_to = second_names(items)  # hard links: made after their first name is written
@@ -390,7 +390,7 @@ def export_tree(
 
     def in_tree(rel: str, is_dir: bool) -> bool:
         """Whether ``dest`` keeps ``rel`` under ``delete``: the tree has it, or it is excluded (and kept)."""
-        if excludes and not delete_excluded and excludes.covers(rel, is_dir):
+        if filters and not delete_excluded and filters.covers(rel, is_dir):
             return True
         return rel in dirs if is_dir else rel in others
 

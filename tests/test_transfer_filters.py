@@ -1,5 +1,6 @@
-"""``fabric import --exclude/--exclude-from/--delete-excluded/--dry-run``, run as the real
-command on a local hub data directory (``fabric/client/excludes.py``, ``fabric/client/transfer.py``)."""
+"""``fabric import --include/--exclude/--include-from/--exclude-from/--delete-excluded/--dry-run``,
+run as the real command on a local hub data directory (``fabric/client/filters.py``,
+``fabric/client/transfer.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 
 import pytest
 
-from fabric.client.excludes import Excludes, read_patterns
+from fabric.client.filters import EXCLUDE, INCLUDE, Filters, read_patterns
 from fabric.errors import BadRequest
 from tests.helpers.fstree import write_file
 
@@ -41,12 +42,41 @@ MTIME = 1_700_000_000_000_000_000
     ],
 )
 def test_patterns_match_as_rsync_and_gitignore_write_them(pattern, path, is_dir, left_out):
-    assert Excludes([pattern]).excluded(path, is_dir) is left_out
+    assert Filters.excluding([pattern]).excluded(path, is_dir) is left_out
 
 
 def test_a_path_under_an_excluded_directory_is_covered():
-    assert Excludes(["cache/"]).covers("a/cache/x/y.bin", False)
-    assert not Excludes(["cache/"]).covers("a/cachex/y.bin", False)
+    assert Filters.excluding(["cache/"]).covers("a/cache/x/y.bin", False)
+    assert not Filters.excluding(["cache/"]).covers("a/cachex/y.bin", False)
+
+
+CSV_ONLY = [(INCLUDE, "*/"), (INCLUDE, "*.csv"), (EXCLUDE, "*")]
+
+
+@pytest.mark.parametrize(
+    "rules, path, is_dir, left_out",
+    [
+        (CSV_ONLY, "x.csv", False, False),
+        (CSV_ONLY, "a/b/x.csv", False, False),
+        (CSV_ONLY, "a/b", True, False),
+        (CSV_ONLY, "a/b/x.txt", False, True),
+        # The first rule that matches decides: an exclude given first wins.
+        ([(EXCLUDE, "*"), (INCLUDE, "*.csv")], "x.csv", False, True),
+        ([(EXCLUDE, "*.tmp"), (INCLUDE, "keep.tmp")], "keep.tmp", False, True),
+        ([(INCLUDE, "keep.tmp"), (EXCLUDE, "*.tmp")], "keep.tmp", False, False),
+        ([(INCLUDE, "keep.tmp"), (EXCLUDE, "*.tmp")], "other.tmp", False, True),
+        ([(INCLUDE, "*.csv")], "x.txt", False, False),  # no rule matches: kept
+    ],
+)
+def test_the_first_rule_that_matches_decides(rules, path, is_dir, left_out):
+    assert Filters(rules).excluded(path, is_dir) is left_out
+
+
+def test_an_include_cannot_bring_back_a_path_under_an_excluded_directory():
+    rules = Filters([(INCLUDE, "*.csv"), (EXCLUDE, "*")])  # no '*/': every directory is left out
+    assert not rules.covers("top.csv", False)
+    assert rules.covers("a/x.csv", False)
+    assert not Filters(CSV_ONLY).covers("a/x.csv", False)
 
 
 def test_an_exclude_file_skips_comments_and_blank_lines():
@@ -56,7 +86,7 @@ def test_an_exclude_file_skips_comments_and_blank_lines():
 @pytest.mark.parametrize("pattern", ["", "/", "!keep.txt", "[abc", "[/]"])
 def test_a_pattern_that_cannot_mean_anything_is_refused(pattern):
     with pytest.raises(BadRequest):
-        Excludes([pattern])
+        Filters.excluding([pattern])
 
 
 SOURCE = {
@@ -132,6 +162,39 @@ def test_patterns_read_from_a_file(cli, tmp_path):
     assert set(files_of(cli, "exfile@main")) == set(SOURCE) - LEFT_OUT
 
 
+def test_includes_and_excludes_apply_in_the_order_given(cli, tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {"top.csv": b"1\n", "top.txt": b"t\n", "a/b/deep.csv": b"2\n", "a/b/deep.bin": b"b\n", "c/keep.tmp": b"k\n"})
+    cli("repo", "create", "ordered")
+
+    # rsync's idiom: every directory, the CSV files, nothing else.
+    r = cli("--json", "import", str(src), "ordered@main", "-m", "csv", "--include", "*/", "--include", "*.csv", "--exclude", "*").json()
+    assert set(files_of(cli, "ordered@main")) == {"top.csv", "a/b/deep.csv"}
+    assert {"top.txt", "a/b/deep.bin", "c/keep.tmp"} <= set(r["excluded"])
+
+    # The same rules in another order: the exclude comes first and leaves out everything.
+    reordered = ["--exclude", "*", "--include", "*/", "--include", "*.csv"]
+    plan = cli("--json", "import", str(src), "ordered@main", "-n", *reordered).json()["plan"]
+    assert plan == {"add": [], "change": [], "remove": []}  # left out, and kept on the branch
+    plan = cli("--json", "import", str(src), "ordered@main", "-n", *reordered, "--delete-excluded").json()["plan"]
+    assert plan == {"add": [], "change": [], "remove": ["a/b/deep.csv", "c", "top.csv"]}  # c: imported empty before
+
+    # Rules read from a file take their place among the others.
+    includes = tmp_path / "includes"
+    includes.write_text("# what to keep\nkeep.tmp\n*/\n")
+    cli("import", str(src), "ordered@main", "-m", "tmp", "--include-from", str(includes), "--exclude", "*", "--delete-excluded")
+    assert set(files_of(cli, "ordered@main")) == {"c/keep.tmp"}
+
+
+def test_includes_with_no_exclude_leave_nothing_out_and_say_so(cli, tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {"a.csv": b"1\n", "b.txt": b"2\n"})
+    cli("repo", "create", "onlyinc")
+    r = cli("import", str(src), "onlyinc@main", "-m", "v1", "--include", "*.csv")
+    assert "nothing is left out" in r.stderr and "--exclude '*'" in r.stderr
+    assert set(files_of(cli, "onlyinc@main")) == {"a.csv", "b.txt"}
+
+
 def test_a_dry_run_lists_what_would_change_and_changes_nothing(cli, tmp_path):
     src = tmp_path / "src"
     make_tree(src, {"keep.txt": b"same\n", "edit.txt": b"before\n", "gone.txt": b"bye\n"})
@@ -162,9 +225,12 @@ def test_a_dry_run_lists_what_would_change_and_changes_nothing(cli, tmp_path):
     "args, message",
     [
         (["--exclude", "[abc"], "never closed"),
+        (["--include", "!keep.txt"], "include pattern '!keep.txt': negation"),
+        (["--include", "*.txt", "--delete-excluded"], "needs an --exclude"),
+        (["--include-from", "/nonexistent/patterns"], "nonexistent"),
         (["--exclude", "!keep.txt"], "negation"),
         (["--exclude", "/"], "matches no name"),
-        (["--delete-excluded"], "needs --exclude"),
+        (["--delete-excluded"], "needs an --exclude"),
         (["--exclude", "*.tmp", "--delete-excluded", "--no-delete"], "give one of them"),
         (["--exclude-from", "/nonexistent/patterns"], "nonexistent"),
     ],

@@ -1,7 +1,14 @@
-"""The paths of a local tree an import leaves out: ``fabric import --exclude PATTERN``.
+"""The paths of a tree an import or export leaves out: ``--include`` and ``--exclude`` rules.
 
-Patterns are written as for rsync's ``--exclude`` and ``.gitignore``, and matched against a
-path relative to the imported directory:
+Rules are read as rsync reads its ``--include`` and ``--exclude`` options: **in the order
+given, the first rule whose pattern matches a path decides** (an include keeps it, an exclude
+leaves it out), and a path no rule matches is kept. So ``--include '*/' --include '*.csv'
+--exclude '*'`` keeps the CSV files at any depth and nothing else, while ``--exclude '*'``
+first leaves everything out. A directory left out is not entered: nothing under it is kept,
+whatever a later include says (hence the ``*/`` above).
+
+Patterns are written as for rsync and ``.gitignore``, and matched against a path relative to
+the tree's root:
 
 - ``*`` and ``?`` match within one name, ``[...]`` one character of a class (``[!...]``:
   not of it), ``**`` any run of names (``a/**/b`` matches ``a/b``, ``a/x/b``, ``a/x/y/b``),
@@ -9,34 +16,60 @@ path relative to the imported directory:
 - a pattern with no ``/`` but a trailing one matches a name at any depth (``*.tmp``,
   ``.git``, ``__pycache__``);
 - a pattern with a ``/`` in front or inside is matched against the whole path from the
-  directory's root (``/build``, ``data/raw/*.csv``);
-- a trailing ``/`` matches directories only (``cache/``);
-- an excluded directory is left out with everything under it.
+  tree's root (``/build``, ``data/raw/*.csv``);
+- a trailing ``/`` matches directories only (``cache/``).
 
 A ``!`` in front (``.gitignore``'s negation) is refused rather than read as a name: write
-``\\!`` for a name that starts with one.
+``\\!`` for a name that starts with one, and an ``--include`` for what ``!`` would keep.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from fabric.errors import BadRequest
 
+INCLUDE, EXCLUDE = "include", "exclude"
 
-class Excludes:
-    def __init__(self, patterns: Iterable[str]) -> None:
-        """BadRequest for a pattern that is empty, starts with ``!`` or has an unclosed ``[``."""
-        self.patterns = list(patterns)
-        self._rules = [_compile(p) for p in self.patterns]
+
+@dataclass(frozen=True)
+class _Rule:
+    include: bool
+    regex: re.Pattern[str]
+    dir_only: bool
+
+    def matches(self, path: str, is_dir: bool) -> bool:
+        return (is_dir or not self.dir_only) and self.regex.match(path) is not None
+
+
+class Filters:
+    def __init__(self, rules: Iterable[tuple[str, str]]) -> None:
+        """``rules``: ``(INCLUDE or EXCLUDE, pattern)`` in the order they apply. BadRequest for
+        a pattern that is empty, starts with ``!`` or has an unclosed ``[``."""
+        self.rules = list(rules)
+        self._rules = [_Rule(kind == INCLUDE, *_compile(pattern, kind)) for kind, pattern in self.rules]
+
+    @classmethod
+    def excluding(cls, patterns: Iterable[str]) -> Filters:
+        """Exclude rules only."""
+        return cls((EXCLUDE, p) for p in patterns)
 
     def __bool__(self) -> bool:
         return bool(self._rules)
 
+    @property
+    def leaves_out_nothing(self) -> bool:
+        """Whether no rule excludes anything (includes only: every path is kept)."""
+        return not any(not rule.include for rule in self._rules)
+
     def excluded(self, path: str, is_dir: bool) -> bool:
-        """Whether ``path`` (relative, ``/``-separated) is left out by a pattern itself."""
-        return any((is_dir or not dir_only) and rule.match(path) for rule, dir_only in self._rules)
+        """Whether ``path`` (relative, ``/``-separated) is left out by the first rule matching it."""
+        for rule in self._rules:
+            if rule.matches(path, is_dir):
+                return not rule.include
+        return False
 
     def covers(self, path: str, is_dir: bool) -> bool:
         """Whether ``path`` or a directory above it is left out."""
@@ -48,7 +81,7 @@ class Excludes:
 
 
 def read_patterns(text: str) -> list[str]:
-    """The patterns of an ``--exclude-from`` file: one a line; blank lines and lines that
+    """The patterns of an ``--exclude-from`` or ``--include-from`` file: one a line; blank lines and lines that
     start with ``#`` are skipped, trailing blanks dropped (``\\ `` keeps one)."""
     out = []
     for line in text.splitlines():
@@ -61,21 +94,21 @@ def read_patterns(text: str) -> list[str]:
     return out
 
 
-def _compile(pattern: str) -> tuple[re.Pattern[str], bool]:
+def _compile(pattern: str, kind: str) -> tuple[re.Pattern[str], bool]:
     """The regular expression of ``pattern`` and whether it matches directories only."""
     if pattern.startswith("!"):
-        raise BadRequest(f"exclude pattern {pattern!r}: negation ('!') is not supported; write '\\!' for a name starting with '!'")
+        raise BadRequest(f"{kind} pattern {pattern!r}: negation ('!') is not supported; write '\\!' for a name starting with '!'")
     dir_only = pattern.endswith("/") and not pattern.endswith("\\/")
     body = pattern.rstrip("/") if dir_only else pattern
     anchored = "/" in body
     body = body.lstrip("/")
     if not body:
-        raise BadRequest(f"exclude pattern {pattern!r} matches no name: give a name or a glob such as '*.tmp'")
-    regex = _translate(body, pattern)
+        raise BadRequest(f"{kind} pattern {pattern!r} matches no name: give a name or a glob such as '*.tmp'")
+    regex = _translate(body, f"{kind} pattern {pattern!r}")
     return re.compile(("^" if anchored else "^(?:.*/)?") + regex + "$", re.DOTALL), dir_only
 
 
-def _translate(body: str, pattern: str) -> str:
+def _translate(body: str, what: str) -> str:
     out: list[str] = []
     i = 0
     while i < len(body):
@@ -95,7 +128,7 @@ def _translate(body: str, pattern: str) -> str:
             out.append(re.escape(body[i + 1]))
             i += 2
         elif body[i] == "[":
-            klass, i = _character_class(body, i, pattern)
+            klass, i = _character_class(body, i, what)
             out.append(klass)
         else:
             out.append(re.escape(body[i]))
@@ -103,7 +136,7 @@ def _translate(body: str, pattern: str) -> str:
     return "".join(out)
 
 
-def _character_class(body: str, start: int, pattern: str) -> tuple[str, int]:
+def _character_class(body: str, start: int, what: str) -> tuple[str, int]:
     """The regular expression of the class ``[...]`` opening at ``start``, and the index after it."""
     i = start + 1
     negate = i < len(body) and body[i] in "!^"
@@ -113,8 +146,8 @@ def _character_class(body: str, start: int, pattern: str) -> tuple[str, int]:
     while i < len(body) and (body[i] != "]" or i == first):
         i += 1
     if i >= len(body):
-        raise BadRequest(f"exclude pattern {pattern!r}: '[' at {start} is never closed")
+        raise BadRequest(f"{what}: '[' at {start} is never closed")
     members = body[first:i].replace("/", "").replace("\\", "\\\\").replace("^", "\\^").replace("[", "\\[")
     if not members:
-        raise BadRequest(f"exclude pattern {pattern!r}: the class at {start} holds no character a name can have")
+        raise BadRequest(f"{what}: the class at {start} holds no character a name can have")
     return ("[^/" if negate else "[") + members + "]", i + 1
