@@ -32,7 +32,8 @@ Figures per reader and epoch:
   epoch runs at N90 and its AU is reported next to it (not with
   ``--no-verify``, the default of ``--quick``). Cold: a capacity epoch
   and a verify epoch, each from a fresh cache; warm: both after the load-point
-  epochs, caches kept.
+  epochs, caches kept. Every session starts with the kernel's page cache written
+  back and dropped (as root), so cold epochs read the hub's disk.
 
 Every sample's sha256 is computed in the worker that read it and checked
 against the dataset's, and every epoch must read each file exactly once: a
@@ -116,6 +117,7 @@ from _common import (
     FABRIC_SRC,
     MB,
     REPO_ROOT,
+    drop_page_cache,
     fabric_cmd,
     fabric_env,
     loadavg,
@@ -667,6 +669,12 @@ def link_bytes(wan) -> int:
 def run_session(reader: Reader, steps: list[dict], tag: str) -> list[dict]:
     """Start the reader cold, run the trainer through ``steps``; one result per step."""
     wl, env = reader.wl, reader.env
+    # Cold means nothing cached, the kernel's pages included (as root). It also keeps the caches
+    # removed before from slowing this session's: on ext4 without a journal (this project's
+    # machines), a new file skips every inode freed in the last minutes whose table block is
+    # still cached, 150-400 us each after a removal of thousands of files, 15-50 us once that
+    # block is written back and dropped (bench/RESULTS.md, "The benchmarks' own deletions").
+    drop_page_cache()
     cfg = {**reader.start(), "paths": wl.paths, "digests": wl.digests, "batch": wl.batch, "workers": env.args.workers,
            "compute_s": wl.compute_s, "seed": env.args.seed, "steps": steps}
     results: list[dict] = []
