@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
@@ -241,6 +241,14 @@ def import_(
     "whose times were lost (a copy without -p), where the quick check would fetch every file again.",
 )
 @filter_options("REPO@REF", "DEST (with --delete)")
+@click.option(
+    "--files-from",
+    type=click.File("r", encoding="utf-8"),
+    metavar="FILE",
+    help="Export only the paths FILE lists, one a line, relative to REPO@REF's root (or --prefix); a directory "
+    "listed comes with everything under it; '-' reads the list from stdin. Any path not in REPO@REF: nothing is "
+    "written (exit 3). For a manifest of a training split.",
+)
 @click.option("-n", "--dry-run", is_flag=True, help="Write and remove nothing; print what would be written and (with --delete) removed.")
 @pass_ctx
 @handle_errors
@@ -257,6 +265,7 @@ def export(
     exclude_from: tuple,
     include_from: tuple,
     delete_excluded: bool,
+    files_from: TextIO | None,
     dry_run: bool,
 ) -> None:
     """Write the files of REPO@REF into directory DEST (modes and mtimes kept).
@@ -276,12 +285,17 @@ def export(
     Examples:
       fabric export datasets@v2 ./imagenet --delete --dry-run   # what a mirror of v2 would change
       fabric export datasets@v2 ./imagenet --delete             # DEST becomes exactly v2
+      fabric export datasets@v2 ./val --files-from val.txt      # only the paths val.txt lists
     """
+    from fabric.client.filters import FileList, read_path_list
     from fabric.client.transfer import export_tree
     from fabric.engine.refs import split_repo_ref
 
     repo, ref = split_repo_ref(source, None)
     filters = read_filters(click.get_current_context(), delete_excluded, delete, "and only --delete removes any: add --delete")
+    if files_from is not None and delete:
+        raise click.UsageError("--delete removes what REPO@REF does not hold, --files-from leaves most of it out: give one of them")
+    files = FileList(read_path_list(files_from.read())) if files_from is not None else None
     plane, job = _export_plane(ctx)
     if ref is None:
         ref = plane.get_repo(repo)["default_branch"]
@@ -299,6 +313,7 @@ def export(
         filters=filters,
         delete_excluded=delete_excluded,
         checksum=checksum,
+        files=files,
     )
     for path in result.shadowed:
         click.echo(f"warning: skipped {path}: a directory of the same name shadows it (the tree has paths under {path}/)", err=True)

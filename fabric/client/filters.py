@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fabric.errors import BadRequest
+from fabric.format.paths import check_path
 
 INCLUDE, EXCLUDE = "include", "exclude"
 
@@ -151,3 +152,42 @@ def _character_class(body: str, start: int, what: str) -> tuple[str, int]:
     if not members:
         raise BadRequest(f"{what}: the class at {start} holds no character a name can have")
     return ("[^/" if negate else "[") + members + "]", i + 1
+
+
+class FileList:
+    """The paths of ``--files-from``: only these are copied, a directory with everything under it."""
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        self.paths = set(paths)
+
+    def holds(self, path: str) -> bool:
+        """Whether ``path`` is listed or lies under a listed directory."""
+        parts = path.split("/")
+        return any("/".join(parts[:i]) in self.paths for i in range(1, len(parts) + 1))
+
+    def missing(self, present: Iterable[str]) -> list[str]:
+        """The listed paths that are neither among ``present`` nor a directory above one of them."""
+        found: set[str] = set()
+        for path in present:
+            parts = path.split("/")
+            found.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+        return sorted(self.paths - found)
+
+
+def read_path_list(text: str) -> list[str]:
+    """The paths of a ``--files-from`` file: one a line, relative to the tree's root (``./`` and
+    ``/`` in front and ``/`` behind are dropped); blank lines and lines that start with ``#``
+    are skipped. BadRequest for a line that is no path within the tree (``..``)."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.rstrip("\r")
+        if not line.strip() or line.startswith("#"):
+            continue
+        path = line.strip("/")
+        while path.startswith("./"):
+            path = path[2:].lstrip("/")
+        try:
+            out.append(check_path(path))
+        except BadRequest as exc:
+            raise BadRequest(f"--files-from line {number} ({line!r}): {exc}") from None
+    return out

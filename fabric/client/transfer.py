@@ -18,7 +18,7 @@ from typing import BinaryIO, NamedTuple
 
 from fabric.client.destdir import DestDir
 from fabric.client.filereader import batches, ingest_files
-from fabric.client.filters import Filters
+from fabric.client.filters import FileList, Filters
 from fabric.client.hardlinks import local_groups, second_names, stored_group
 from fabric.errors import BadRequest, Conflict, Corruption, FabricError, NotFound
 from fabric.format import frames
@@ -320,6 +320,7 @@ def export_tree(
     filters: Filters | None = None,
     delete_excluded: bool = False,
     checksum: bool = False,
+    files: FileList | None = None,
 ) -> ExportResult:
     """Write the files of the commit ``repo@ref`` points at (under ``prefix``) into ``dest``.
 
@@ -337,7 +338,9 @@ def export_tree(
     (rsync's quick check); ``rewrite`` writes every file. ``checksum``: a file of the
     entry's size that fails the quick check is read and cut into chunks as the repository
     cuts them; with the entry's chunk ids it is kept, its mode and time set, and counted in
-    ``verified`` too (rsync's ``--checksum``).
+    ``verified`` too (rsync's ``--checksum``). ``files``: only these paths (relative to
+    ``prefix``) are written, a directory with everything under it; NotFound, before anything
+    is written, when one of them is not in the tree.
 
     ``job``: the job id the plane's reads carry (``X-Fabric-Job``, e.g.
     ``HttpPlane(job=)``). Given, the files to read are first sent to the plane
@@ -374,6 +377,11 @@ def export_tree(
             raise Corruption(f"the listing of {prefix!r} in {repo}@{ref} holds {path!r}")
         return check_path(path[len(prefix) :])
 
+    if files is not None:
+        if missing := files.missing(local(p) for p, _ in items):
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise NotFound(f"{len(missing)} path(s) of the file list are not in {repo}@{ref}{f' under {prefix!r}' if prefix else ''}: {shown}")
+        items = [(p, e) for p, e in items if files.holds(local(p))]
     if filters:
         items = [(p, e) for p, e in items if not filters.covers(local(p), e.kind == DIR)]
 
