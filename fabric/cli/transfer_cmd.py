@@ -13,7 +13,7 @@ from fabric.cli.context import Ctx, handle_errors, human_size, pass_ctx
 from fabric.errors import BadRequest
 
 if TYPE_CHECKING:
-    from fabric.client.filters import Filters
+    from fabric.client.filters import FileList, Filters
     from fabric.plane.dataplane import DataPlane
 
 
@@ -97,6 +97,24 @@ def filter_options(source: str, target: str) -> Callable[[Callable], Callable]:
     return apply
 
 
+def files_from_option(verb: str, root: str, refusal: str) -> Callable[[Callable], Callable]:
+    """``--files-from FILE`` of a command that copies only the paths a list names."""
+    return click.option(
+        "--files-from",
+        type=click.File("r", encoding="utf-8"),
+        metavar="FILE",
+        help=f"{verb} only the paths FILE lists, one a line, relative to {root}; a directory listed comes with "
+        f"everything under it; '-' reads the list from stdin. Any path not in {refusal} (exit 3). For a manifest "
+        "of a training split.",
+    )
+
+
+def read_file_list(files_from: TextIO | None) -> FileList | None:
+    from fabric.client.filters import FileList, read_path_list
+
+    return None if files_from is None else FileList(read_path_list(files_from.read()))
+
+
 def read_filters(ctx: click.Context, delete_excluded: bool, deletes: bool, no_delete_flag: str) -> Filters:
     """The rules of ``--include``/``--exclude`` and their ``-from`` files, in the order given;
     usage errors for ``--delete-excluded`` without rules or where nothing is deleted
@@ -129,6 +147,7 @@ def read_filters(ctx: click.Context, delete_excluded: bool, deletes: bool, no_de
 @click.option("--rehash", is_flag=True, help="Read every file even if its size and mtime are unchanged.")
 @click.option("--author", help="Commit author (default: $FABRIC_AUTHOR or your user name).")
 @filter_options("SRC", "the branch")
+@files_from_option("Import", "SRC; paths on the branch that no listed path holds are kept as they are", "SRC: nothing is committed")
 @click.option(
     "-n", "--dry-run", is_flag=True, help="Read, store and commit nothing; print what would be added, changed and removed (one path a line, then a summary)."
 )
@@ -148,6 +167,7 @@ def import_(
     exclude_from: tuple,
     include_from: tuple,
     delete_excluded: bool,
+    files_from: TextIO | None,
     dry_run: bool,
 ) -> None:
     """Make REPO@BRANCH (under --prefix) equal to directory SRC and commit.
@@ -189,6 +209,7 @@ def import_(
             filters=filters,
             delete_excluded=delete_excluded,
             dry_run=dry_run,
+            files=read_file_list(files_from),
         )
     finally:
         gc.enable()
@@ -241,14 +262,7 @@ def import_(
     "whose times were lost (a copy without -p), where the quick check would fetch every file again.",
 )
 @filter_options("REPO@REF", "DEST (with --delete)")
-@click.option(
-    "--files-from",
-    type=click.File("r", encoding="utf-8"),
-    metavar="FILE",
-    help="Export only the paths FILE lists, one a line, relative to REPO@REF's root (or --prefix); a directory "
-    "listed comes with everything under it; '-' reads the list from stdin. Any path not in REPO@REF: nothing is "
-    "written (exit 3). For a manifest of a training split.",
-)
+@files_from_option("Export", "REPO@REF's root (or --prefix)", "REPO@REF: nothing is written")
 @click.option("-n", "--dry-run", is_flag=True, help="Write and remove nothing; print what would be written and (with --delete) removed.")
 @pass_ctx
 @handle_errors
@@ -287,7 +301,6 @@ def export(
       fabric export datasets@v2 ./imagenet --delete             # DEST becomes exactly v2
       fabric export datasets@v2 ./val --files-from val.txt      # only the paths val.txt lists
     """
-    from fabric.client.filters import FileList, read_path_list
     from fabric.client.transfer import export_tree
     from fabric.engine.refs import split_repo_ref
 
@@ -295,7 +308,7 @@ def export(
     filters = read_filters(click.get_current_context(), delete_excluded, delete, "and only --delete removes any: add --delete")
     if files_from is not None and delete:
         raise click.UsageError("--delete removes what REPO@REF does not hold, --files-from leaves most of it out: give one of them")
-    files = FileList(read_path_list(files_from.read())) if files_from is not None else None
+    files = read_file_list(files_from)
     plane, job = _export_plane(ctx)
     if ref is None:
         ref = plane.get_repo(repo)["default_branch"]

@@ -159,6 +159,11 @@ class FileList:
 
     def __init__(self, paths: Iterable[str]) -> None:
         self.paths = set(paths)
+        self._above = {"/".join(p.split("/")[:i]) for p in self.paths for i in range(1, p.count("/") + 1)}
+
+    def wanted(self, path: str, is_dir: bool) -> bool:
+        """Whether a walk takes ``path``: it is held, or a directory on the way to a listed path."""
+        return (is_dir and path in self._above) or self.holds(path)
 
     def holds(self, path: str) -> bool:
         """Whether ``path`` is listed or lies under a listed directory."""

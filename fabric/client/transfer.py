@@ -88,11 +88,17 @@ def normalize_prefix(prefix: str) -> str:
 
 
 def walk(
-    root: str, prefix: str = "", skipped: list[str] | None = None, filters: Filters | None = None, excluded: list[str] | None = None
+    root: str,
+    prefix: str = "",
+    skipped: list[str] | None = None,
+    filters: Filters | None = None,
+    excluded: list[str] | None = None,
+    files: FileList | None = None,
 ) -> Iterator[LocalItem]:
     """Files, symlinks, and the directories that need an entry of their own (unordered):
     empty ones, and those whose mode is not :data:`DEFAULT_DIR_MODE`. What ``filters``
-    leaves out is not entered nor yielded; its paths go to ``excluded``."""
+    leaves out is not entered nor yielded; its paths go to ``excluded``. With ``files``,
+    only what it holds and the directories on the way to it are."""
     stack = [(root, prefix)]
     while stack:
         dir_abs, dir_rel = stack.pop()
@@ -100,6 +106,8 @@ def walk(
             entries = list(os.scandir(dir_abs))
         except PermissionError as exc:
             raise BadRequest(f"cannot read directory {dir_abs!r}: {exc.strerror}") from exc
+        if files is not None:
+            entries = [de for de in entries if files.wanted(dir_rel[len(prefix) :] + de.name, de.is_dir(follow_symlinks=False))]
         if filters:
             entries = _kept(entries, dir_rel[len(prefix) :], filters, excluded)
         if dir_rel and dir_rel != prefix:
@@ -128,6 +136,11 @@ def walk(
                 yield LocalItem(rel, de.path, kind, 0, stat_mod.S_IMODE(st.st_mode), st.st_mtime_ns, rdev=rdev)
             elif skipped is not None:
                 skipped.append(rel)
+
+
+def _some(paths: list[str]) -> str:
+    """The first few of ``paths``, for a message."""
+    return ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
 
 
 def _kept(entries: list[os.DirEntry], dir_rel: str, filters: Filters, excluded: list[str] | None) -> list[os.DirEntry]:
@@ -173,6 +186,7 @@ def import_directory(
     filters: Filters | None = None,
     delete_excluded: bool = False,
     dry_run: bool = False,
+    files: FileList | None = None,
 ) -> ImportResult:
     """Make ``repo@branch`` (under ``prefix``) equal to directory ``src`` and commit.
 
@@ -182,7 +196,9 @@ def import_directory(
     kept on the branch unless ``delete_excluded`` (as rsync's ``--exclude`` and
     ``--delete-excluded``). ``dry_run``: read, store and commit nothing; the result's
     ``plan`` lists what would change. Returns a result with ``commit=None`` when nothing
-    changed.
+    changed. ``files``: only these paths of ``src`` (a directory with everything under it)
+    are imported, and only paths they hold are removed from the branch; NotFound, before
+    anything is read, when one of them is not in ``src``.
     """
     progress = progress or Progress()
     if not os.path.isdir(src):
@@ -190,9 +206,11 @@ def import_directory(
     prefix = normalize_prefix(prefix)
     head = plane.resolve_commit(repo, branch)
     result = ImportResult(None, dry_run=dry_run)
-    local = {item.path: item for item in walk(os.path.abspath(src), prefix, result.skipped, filters, result.excluded)}
+    local = {item.path: item for item in walk(os.path.abspath(src), prefix, result.skipped, filters, result.excluded, files)}
     for path in local:
         check_path(path)
+    if files is not None and (missing := files.missing([p[len(prefix) :] for p in local] + result.excluded)):
+        raise NotFound(f"{len(missing)} path(s) of the file list are not in {src}: {_some(missing)}")
     result.files = len(local)
     existing = dict(plane.walk(repo, head, prefix))
 
@@ -218,6 +236,8 @@ def import_directory(
         for path in existing.keys() - local.keys():
             if filters and not delete_excluded and filters.covers(path[len(prefix) :], existing[path].kind == DIR):
                 continue  # left out of the import, so neither sent nor removed
+            if files is not None and not files.holds(path[len(prefix) :]):
+                continue  # not in the list: not part of this import
             changes[path] = None
     if dry_run:
         return _planned(result, changes, to_hash, existing)
@@ -379,8 +399,7 @@ def export_tree(
 
     if files is not None:
         if missing := files.missing(local(p) for p, _ in items):
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise NotFound(f"{len(missing)} path(s) of the file list are not in {repo}@{ref}{f' under {prefix!r}' if prefix else ''}: {shown}")
+            raise NotFound(f"{len(missing)} path(s) of the file list are not in {repo}@{ref}{f' under {prefix!r}' if prefix else ''}: {_some(missing)}")
         items = [(p, e) for p, e in items if files.holds(local(p))]
     if filters:
         items = [(p, e) for p, e in items if not filters.covers(local(p), e.kind == DIR)]

@@ -1,8 +1,10 @@
-"""``fabric export --files-from FILE``: only the listed paths are written, a directory with
-everything under it; a list naming a path the version lacks writes nothing
+"""``fabric export/import --files-from FILE``: only the listed paths are copied, a directory
+with everything under it; a list naming a path the source lacks copies nothing
 (``fabric/client/filters.py`` ``FileList``, ``fabric/client/transfer.py``)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -88,3 +90,37 @@ def test_bad_lists_are_refused_and_write_nothing(cli, dataset, tmp_path, extra, 
     r = cli("export", dataset, str(dest), "--files-from", str(lst), *extra, check=False)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
     assert not dest.exists()
+
+
+def files_of(cli, target: str) -> dict[str, int]:
+    return {e["path"]: e["size"] for e in cli("--json", "ls", "-r", target).json() if e["type"] == "file"}
+
+
+def head(cli) -> str:
+    return {b["name"]: b["commit_id"] for b in cli("--json", "branch", "list", "split").json()}["main"]
+
+
+def test_an_import_sends_the_listed_paths_and_keeps_the_rest(cli, dataset, tmp_path):
+    src = tmp_path / "src"
+    write_file(str(src / "val" / "c.bin"), b"c, changed\n", 0o644, MTIME + 1)
+    os.unlink(src / "val" / "sub" / "d.bin")
+    write_file(str(src / "train" / "a.bin"), b"a, changed but not listed\n", 0o644, MTIME + 1)
+    write_file(str(src / "new.txt"), b"new\n", 0o644, MTIME)
+    plan = cli("--json", "import", str(src), dataset, "-n", "--files-from", "-", input=b"val/\nnew.txt\n").json()["plan"]
+    assert plan == {"add": ["new.txt", "val/sub"], "change": ["val/c.bin"], "remove": ["val/sub/d.bin"]}  # val/sub: empty now
+    cli("import", str(src), dataset, "-m", "val", "--files-from", "-", input=b"val/\nnew.txt\n")
+    after = files_of(cli, dataset)
+    assert after["val/c.bin"] == len(b"c, changed\n") and "val/sub/d.bin" not in after
+    assert after["train/a.bin"] == len(b"a\n") and after["new.txt"] == 4 and "README" in after
+
+
+def test_an_import_of_a_path_src_lacks_commits_nothing(cli, dataset, tmp_path):
+    src = tmp_path / "src"
+    outside = tmp_path / "outside"
+    write_file(str(outside / "secret.txt"), b"secret\n", 0o644, MTIME)
+    os.symlink(outside, src / "linked")  # a listed path under a link is not followed
+    before = head(cli)
+    for listed in (b"val/c.bin\nval/gone.bin\n", b"linked/secret.txt\n"):
+        r = cli("import", str(src), dataset, "-m", "x", "--files-from", "-", input=listed, check=False)
+        assert r.returncode == 3 and "1 path(s) of the file list are not in" in r.stderr, r.stderr
+    assert head(cli) == before
