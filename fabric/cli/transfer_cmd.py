@@ -72,22 +72,8 @@ def filter_options(source: str, target: str) -> Callable[[Callable], Callable]:
                     "first that matches a path decides, as rsync's: --include '*/' --include '*.csv' --exclude '*' keeps the "
                     "CSV files at any depth and nothing else. A directory left out is not entered.",
                 ),
-                click.option(
-                    "--exclude-from",
-                    "exclude_from",
-                    type=click.File("r", encoding="utf-8"),
-                    multiple=True,
-                    metavar="FILE",
-                    help="Read --exclude patterns from FILE, one a line (blank lines and '#' comments skipped).",
-                ),
-                click.option(
-                    "--include-from",
-                    "include_from",
-                    type=click.File("r", encoding="utf-8"),
-                    multiple=True,
-                    metavar="FILE",
-                    help="Read --include patterns from FILE, as --exclude-from.",
-                ),
+                _patterns_file("exclude", "blank lines and '#' comments skipped"),
+                _patterns_file("include", "as --exclude-from"),
                 click.option("--delete-excluded", is_flag=True, help=f"Also remove from {target} what the rules leave out."),
             ]
         ):
@@ -95,6 +81,18 @@ def filter_options(source: str, target: str) -> Callable[[Callable], Callable]:
         return command
 
     return apply
+
+
+def _patterns_file(kind: str, how: str) -> Callable[[Callable], Callable]:
+    """``--exclude-from`` or ``--include-from``."""
+    return click.option(
+        f"--{kind}-from",
+        f"{kind}_from",
+        type=click.File("r", encoding="utf-8"),
+        multiple=True,
+        metavar="FILE",
+        help=f"Read --{kind} patterns from FILE, one a line, {how}.",
+    )
 
 
 def files_from_option(verb: str, root: str, refusal: str) -> Callable[[Callable], Callable]:
