@@ -221,6 +221,19 @@ def test_a_dry_run_lists_what_would_change_and_changes_nothing(cli, tmp_path):
     assert (done["added"], done["changed"], done["removed"]) == (1, 1, 1)
 
 
+def test_a_dry_run_lists_every_name_of_a_hard_link_group(cli, tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {"a.txt": b"a\n"})
+    cli("repo", "create", "dryhard")
+    cli("import", str(src), "dryhard@main", "-m", "v1")
+    write_file(str(src / "one.bin"), b"linked\n", 0o644, MTIME)
+    os.link(src / "one.bin", src / "two.bin")
+    plan = cli("--json", "import", str(src), "dryhard@main", "-n").json()
+    assert plan["plan"] == {"add": ["one.bin", "two.bin"], "change": [], "remove": []}
+    done = cli("--json", "import", str(src), "dryhard@main", "-m", "v2").json()
+    assert (done["added"], done["changed"], done["removed"]) == (plan["added"], plan["changed"], plan["removed"]) == (2, 0, 0)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -240,7 +240,7 @@ def import_directory(
                 continue  # not in the list: not part of this import
             changes[path] = None
     if dry_run:
-        return _planned(result, changes, to_hash, existing)
+        return _planned(result, changes, to_hash, existing, groups)
     # Memory: from here on only the items of files to read are kept, and those only
     # until they are read (the commit of 100,000 new files reuses the room).
     del local
@@ -273,13 +273,21 @@ def import_directory(
     return result
 
 
-def _planned(result: ImportResult, changes: dict[str, Entry | None], to_hash: list[LocalItem], existing: dict[str, Entry]) -> ImportResult:
-    """``result`` of a dry run: what the import would add, change (files: read again) and remove."""
+def _planned(
+    result: ImportResult,
+    changes: dict[str, Entry | None],
+    to_hash: list[LocalItem],
+    existing: dict[str, Entry],
+    groups: dict[str, tuple[str, ...]],
+) -> ImportResult:
+    """``result`` of a dry run: what the import would add, change (files: read again) and
+    remove. A hard-link group to be read is listed under each of its names."""
     plan: dict[str, list[str]] = {"add": [], "change": [], "remove": []}
     for path, entry in changes.items():
         plan["remove" if entry is None else "change" if path in existing else "add"].append(path)
     for item in to_hash:
-        plan["change" if item.path in existing else "add"].append(item.path)
+        for name in groups.get(item.path, (item.path,)):
+            plan["change" if name in existing else "add"].append(name)
     for paths in plan.values():
         paths.sort()
     result.plan = plan
