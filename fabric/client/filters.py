@@ -63,7 +63,7 @@ class Filters:
     @property
     def leaves_out_nothing(self) -> bool:
         """Whether no rule excludes anything (includes only: every path is kept)."""
-        return not any(not rule.include for rule in self._rules)
+        return all(rule.include for rule in self._rules)
 
     def excluded(self, path: str, is_dir: bool) -> bool:
         """Whether ``path`` (relative, ``/``-separated) is left out by the first rule matching it."""
@@ -82,8 +82,8 @@ class Filters:
 
 
 def read_patterns(text: str) -> list[str]:
-    """The patterns of an ``--exclude-from`` or ``--include-from`` file: one a line; blank lines and lines that
-    start with ``#`` are skipped, trailing blanks dropped (``\\ `` keeps one)."""
+    """The patterns of an ``--exclude-from`` or ``--include-from`` file: one a line; blank lines
+    and lines that start with ``#`` are skipped, trailing blanks dropped (``\\ `` keeps one)."""
     out = []
     for line in text.splitlines():
         line = line.rstrip("\r")
