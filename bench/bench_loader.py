@@ -669,12 +669,7 @@ def link_bytes(wan) -> int:
 def run_session(reader: Reader, steps: list[dict], tag: str) -> list[dict]:
     """Start the reader cold, run the trainer through ``steps``; one result per step."""
     wl, env = reader.wl, reader.env
-    # Cold means nothing cached, the kernel's pages included (as root). It also keeps the caches
-    # removed before from slowing this session's: on ext4 without a journal (this project's
-    # machines), a new file skips every inode freed in the last minutes whose table block is
-    # still cached, 150-400 us each after a removal of thousands of files, 15-50 us once that
-    # block is written back and dropped (bench/RESULTS.md, "The benchmarks' own deletions").
-    drop_page_cache()
+    drop_page_cache()  # cold: nothing cached, the kernel's pages included; and no cost of the caches removed before
     cfg = {**reader.start(), "paths": wl.paths, "digests": wl.digests, "batch": wl.batch, "workers": env.args.workers,
            "compute_s": wl.compute_s, "seed": env.args.seed, "steps": steps}
     results: list[dict] = []

@@ -158,7 +158,7 @@ def _fresh_hub(a: argparse.Namespace, ctx: dict, name: str) -> Iterator[tuple[st
     os.makedirs(base)
     shutil.copytree(ctx["template_v1"], os.path.join(base, "hub"))
     hub = Hub(a.python, os.path.join(base, "hub"))
-    cold_start()
+    drop_page_cache()  # before the round's first timed command: the servers read their disks
     try:
         yield base, hub
     finally:
@@ -289,23 +289,13 @@ def _fabric_phase(proxy: WanProxy, hub: Hub, spoke: Spoke | None, dst: str, dele
     return phase
 
 
-def cold_start() -> None:
-    """Before a round's first timed command: nothing in the kernel's page cache (as root), so the
-    servers read their disks, and the stores removed before do not slow this round's writes. On
-    ext4 without a journal (this project's machines), a new file skips every inode freed in the
-    last minutes whose table block is still cached, 150-400 us each after a removal of thousands
-    of files, 15-50 us once that block is written back and dropped (bench/RESULTS.md, "The
-    benchmarks' own deletions")."""
-    drop_page_cache()
-
-
 def rsync_round(a: argparse.Namespace, ctx: dict, r: int, compress: bool) -> dict:
     name = "rsync-z" if compress else "rsync"
     base = os.path.join(a.work, f"spoke-{name}-{r}")
     remove(base)
     dst = os.path.join(base, "dst")
     os.makedirs(dst)
-    cold_start()
+    drop_page_cache()  # before the round's first timed command: the servers read their disks
     flags = ["-a", "--delete", "--stats"] + (["-z", "--zc=zstd"] if compress else [])
     try:
         out: dict = {"tool": name}
@@ -325,7 +315,7 @@ def rclone_round(a: argparse.Namespace, ctx: dict, r: int) -> dict:
     remove(base)
     dst = os.path.join(base, "dst")
     os.makedirs(dst)
-    cold_start()
+    drop_page_cache()  # before the round's first timed command: the servers read their disks
     try:
         out: dict = {"tool": "rclone"}
         with wan(ctx["moto"].port, a.rtt_ms, a.rate_mbit) as proxy:

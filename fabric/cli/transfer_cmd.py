@@ -44,7 +44,8 @@ class OrderedOptions(click.Command):
 
 
 OPTION_ORDER = "fabric.option_order"
-_RULE_OPTIONS = {"include": "include", "include_from": "include", "exclude": "exclude", "exclude_from": "exclude"}
+#: The options that give rules; a ``_from`` one names files of patterns.
+_RULE_OPTIONS = ("include", "include_from", "exclude", "exclude_from")
 
 
 def filter_options(source: str, target: str) -> Callable[[Callable], Callable]:
@@ -127,7 +128,7 @@ def read_filters(ctx: click.Context, delete_excluded: bool, deletes: bool, no_de
         if name in _RULE_OPTIONS:
             value = given[name].pop(0)
             patterns = read_patterns(value.read()) if name.endswith("_from") else [value]
-            rules.extend((_RULE_OPTIONS[name], p) for p in patterns)
+            rules.extend((name.removesuffix("_from"), p) for p in patterns)
     filters = Filters(rules)
     if delete_excluded and filters.leaves_out_nothing:
         raise click.UsageError("--delete-excluded needs an --exclude or --exclude-from rule")

@@ -26,13 +26,15 @@ A ``!`` in front (``.gitignore``'s negation) is refused rather than read as a na
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fabric.errors import BadRequest
 from fabric.format.paths import check_path
 
 INCLUDE, EXCLUDE = "include", "exclude"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,7 @@ class Filters:
     def __init__(self, rules: Iterable[tuple[str, str]]) -> None:
         """``rules``: ``(INCLUDE or EXCLUDE, pattern)`` in the order they apply. BadRequest for
         a pattern that is empty, starts with ``!`` or has an unclosed ``[``."""
-        self.rules = list(rules)
-        self._rules = [_Rule(kind == INCLUDE, *_compile(pattern, kind)) for kind, pattern in self.rules]
+        self._rules = [_Rule(kind == INCLUDE, *_compile(pattern, kind)) for kind, pattern in rules]
 
     @classmethod
     def excluding(cls, patterns: Iterable[str]) -> Filters:
@@ -167,16 +168,26 @@ class FileList:
 
     def holds(self, path: str) -> bool:
         """Whether ``path`` is listed or lies under a listed directory."""
-        parts = path.split("/")
-        return any("/".join(parts[:i]) in self.paths for i in range(1, len(parts) + 1))
+        return bool(self._listed_at(path))
 
     def missing(self, present: Iterable[str]) -> list[str]:
         """The listed paths that are neither among ``present`` nor a directory above one of them."""
-        found: set[str] = set()
-        for path in present:
-            parts = path.split("/")
-            found.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
-        return sorted(self.paths - found)
+        return self.select(present, str)[1]
+
+    def select(self, items: Iterable[T], path_of: Callable[[T], str]) -> tuple[list[T], list[str]]:
+        """The ``items`` whose path the list holds, and (as :meth:`missing`) the listed paths
+        none of them is or lies under: one pass, keeping no more than the list's own paths."""
+        kept, found = [], set()
+        for item in items:
+            if listed := self._listed_at(path_of(item)):
+                kept.append(item)
+                found.update(listed)
+        return kept, sorted(self.paths - found)
+
+    def _listed_at(self, path: str) -> list[str]:
+        """The listed paths among ``path`` and the directories above it."""
+        parts = path.split("/")
+        return [above for above in ("/".join(parts[:i]) for i in range(1, len(parts) + 1)) if above in self.paths]
 
 
 def read_path_list(text: str) -> list[str]:

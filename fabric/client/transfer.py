@@ -406,9 +406,9 @@ def export_tree(
         return check_path(path[len(prefix) :])
 
     if files is not None:
-        if missing := files.missing(local(p) for p, _ in items):
+        items, missing = files.select(items, lambda item: local(item[0]))
+        if missing:
             raise NotFound(f"{len(missing)} path(s) of the file list are not in {repo}@{ref}{f' under {prefix!r}' if prefix else ''}: {_some(missing)}")
-        items = [(p, e) for p, e in items if files.holds(local(p))]
     if filters:
         items = [(p, e) for p, e in items if not filters.covers(local(p), e.kind == DIR)]
 
